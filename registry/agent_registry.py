@@ -1,0 +1,302 @@
+"""The persona registry: builtin → disk → user, merged into immutable snapshots.
+
+Readers take :meth:`AgentRegistry.snapshot` once and keep it for the whole turn or spawn: a reload
+builds a new :class:`Snapshot` aside and swaps one reference, so nobody sees half of a reload.
+
+Collision rules (SPEC §3): a user persona shadows a builtin or disk one of the same name (that is
+how a builtin is overridden). Two disk files with one name: the first loaded is kept and the other
+is a warning; a disk file named like a builtin is a warning too and the builtin is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from registry.errors import FieldProblem, NotFoundError, PersonaError, ReadOnlyError
+from registry.gates import Gate
+from registry.parser import dump_persona, load_persona_file
+from registry.persona import Persona, Source
+
+__all__ = [
+    "AgentRegistry",
+    "InMemoryUserStore",
+    "LoadWarning",
+    "Snapshot",
+    "UserStore",
+    "load_directory",
+]
+
+
+@dataclass(frozen=True)
+class LoadWarning:
+    """A load problem: the file (or other origin) and what is wrong with it."""
+
+    path: str
+    reason: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+class UserStore(Protocol):
+    """Where user personas live (a database table in production)."""
+
+    def list(self) -> list[Persona]: ...
+
+    def upsert(self, persona: Persona) -> None: ...
+
+    def delete(self, name: str) -> bool: ...
+
+
+class InMemoryUserStore:
+    """A :class:`UserStore` in a dict, for tests and for running without a database."""
+
+    def __init__(self, personas: Iterable[Persona] = ()) -> None:
+        self._items: dict[str, Persona] = {p.name: p for p in personas}
+        self._lock = threading.Lock()
+
+    def list(self) -> list[Persona]:
+        with self._lock:
+            return list(self._items.values())
+
+    def upsert(self, persona: Persona) -> None:
+        with self._lock:
+            self._items[persona.name] = persona
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            return self._items.pop(name, None) is not None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One consistent view of the registry. Never mutated after it is built."""
+
+    version: int
+    personas: Mapping[str, Persona]
+    warnings: tuple[LoadWarning, ...] = ()
+    unavailable: Mapping[str, str] = field(default_factory=dict)
+    shadowed: Mapping[str, Source] = field(default_factory=dict)
+    digest: str = ""
+
+    def get(self, name: str) -> Persona:
+        try:
+            return self.personas[name]
+        except KeyError:
+            raise NotFoundError("agent", name, sorted(self.personas)) from None
+
+    def names(self) -> list[str]:
+        return sorted(self.personas)
+
+    def describe(self, persona: Persona) -> dict[str, Any]:
+        """A JSON-ready view: every field plus ``source``, ``path``, availability, shadowing."""
+        data = persona.model_dump(mode="json")
+        data["available"] = persona.name not in self.unavailable
+        data["unavailable_reason"] = self.unavailable.get(persona.name)
+        data["shadows"] = self.shadowed.get(persona.name)
+        return data
+
+
+def load_directory(directory: Path) -> tuple[list[Persona], list[LoadWarning]]:
+    """Load every ``*.md`` directly in ``directory``, in name order. Never raises for a file."""
+    personas: list[Persona] = []
+    warnings: list[LoadWarning] = []
+    for path in sorted(directory.glob("*.md")):
+        if not path.is_file():
+            continue
+        try:
+            parsed = load_persona_file(path)
+        except PersonaError as exc:
+            warnings.append(LoadWarning(str(path), exc.reason))
+            continue
+        personas.append(parsed.persona.model_copy(update={"source": Source.DISK}))
+        warnings.extend(LoadWarning(str(path), note) for note in parsed.notes)
+    return personas, warnings
+
+
+def _digest(personas: Mapping[str, Persona]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(personas):
+        p = personas[name]
+        h.update(f"{p.source}\0{name}\0".encode())
+        h.update(dump_persona(p).encode())
+    return h.hexdigest()[:16]
+
+
+class AgentRegistry:
+    """Builtin, disk and user personas merged; thread-safe; snapshots swapped atomically."""
+
+    def __init__(
+        self,
+        disk_dirs: Sequence[Path] = (),
+        user_store: UserStore | None = None,
+        *,
+        builtins: Iterable[Persona] = (),
+        gate: Gate | None = None,
+        optional_dirs: Iterable[Path] = (),
+    ) -> None:
+        """``optional_dirs`` are disk roots whose absence is normal (./agents, the default
+        marketplace root); any other missing directory is a warning."""
+        self._dirs = list(disk_dirs)
+        self._optional = {Path(d) for d in optional_dirs}
+        self._store = user_store if user_store is not None else InMemoryUserStore()
+        self._gate = gate
+        self._builtins: dict[str, Persona] = {}
+        self._disk: tuple[list[Persona], list[LoadWarning]] = ([], [])
+        self._lock = threading.Lock()
+        self._snapshot = Snapshot(version=0, personas=MappingProxyType({}))
+        for persona in builtins:
+            self._builtins[persona.name] = persona.model_copy(update={"source": Source.BUILTIN})
+        self.reload()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The current snapshot. Keep it for as long as one consistent view is needed."""
+        return self._snapshot
+
+    def get(self, name: str) -> Persona:
+        return self._snapshot.get(name)
+
+    def list(self) -> list[Persona]:
+        snap = self._snapshot
+        return [snap.personas[n] for n in snap.names()]
+
+    def warnings(self) -> list[LoadWarning]:
+        return list(self._snapshot.warnings)
+
+    # -- changing ------------------------------------------------------------------------------
+
+    def add_builtin(self, persona: Persona) -> None:
+        """Register a persona in code. Builtins are added at start-up and cannot be deleted."""
+        with self._lock:
+            if persona.name in self._builtins:
+                raise ValueError(f"builtin persona {persona.name!r} is added twice")
+            self._builtins[persona.name] = persona.model_copy(update={"source": Source.BUILTIN})
+            self._publish()
+
+    def reload(self) -> Snapshot:
+        """Re-read every disk root and the user store, then swap the snapshot in one step."""
+        with self._lock:
+            self._disk = self._load_disk()
+            return self._publish()
+
+    def replace(self, persona: Persona) -> Persona:
+        """Upsert a user persona (creating it, or shadowing a builtin/disk one of that name)."""
+        stored = persona.model_copy(update={"source": Source.USER, "path": None})
+        with self._lock:
+            self._store.upsert(stored)
+            self._publish()
+        return stored
+
+    def patch(self, name: str, changes: Mapping[str, Any]) -> Persona:
+        """Change fields of a user persona; the result is validated like a file."""
+        current = self._editable(name)
+        data = _frontmatter_of(current)
+        data.update({k: v for k, v in changes.items() if k != "body"})
+        body = changes.get("body", current.body)
+        if "name" in changes and changes["name"] != name:
+            raise PersonaError([FieldProblem("name", "cannot be changed; create a new persona")])
+        return self.replace(Persona.from_dict(data, body=body))
+
+    def delete(self, name: str) -> None:
+        """Delete a user persona; a builtin or disk one it shadowed becomes visible again."""
+        self._editable(name)
+        with self._lock:
+            self._store.delete(name)
+            self._publish()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _editable(self, name: str) -> Persona:
+        persona = self._snapshot.get(name)
+        if persona.source is Source.USER:
+            return persona
+        if persona.source is Source.DISK:
+            raise ReadOnlyError(
+                f"agent {name!r} is a disk persona ({persona.path}) and is read-only here: edit "
+                "or remove the file and reload, or save a user persona with the same name to "
+                "shadow it"
+            )
+        raise ReadOnlyError(
+            f"agent {name!r} is builtin and cannot be changed or deleted: save a user persona "
+            "with the same name to override it"
+        )
+
+    def _load_disk(self) -> tuple[list[Persona], list[LoadWarning]]:
+        personas: list[Persona] = []
+        warnings: list[LoadWarning] = []
+        for directory in self._dirs:
+            if not directory.is_dir():
+                if Path(directory) not in self._optional:
+                    warnings.append(LoadWarning(str(directory), "agents directory does not exist"))
+                continue
+            found, problems = load_directory(directory)
+            personas.extend(found)
+            warnings.extend(problems)
+        return personas, warnings
+
+    def _publish(self) -> Snapshot:
+        """Merge the layers into a new snapshot and swap it in. Caller holds the lock."""
+        disk, warnings = self._disk[0], list(self._disk[1])
+        merged: dict[str, Persona] = dict(self._builtins)
+        first_disk: dict[str, str] = {}
+        for persona in disk:
+            if persona.name in first_disk:
+                warnings.append(
+                    LoadWarning(
+                        str(persona.path),
+                        f"duplicate persona name {persona.name!r}: already loaded from "
+                        f"{first_disk[persona.name]}; this file is ignored",
+                    )
+                )
+                continue
+            first_disk[persona.name] = str(persona.path)
+            if persona.name in self._builtins:
+                warnings.append(
+                    LoadWarning(
+                        str(persona.path),
+                        f"persona name {persona.name!r} is taken by a builtin; this file is "
+                        "ignored (save a user persona with that name to override the builtin)",
+                    )
+                )
+                continue
+            merged[persona.name] = persona
+        shadowed: dict[str, Source] = {}
+        for persona in self._store.list():
+            if persona.name in merged:
+                shadowed[persona.name] = merged[persona.name].source or Source.DISK
+            merged[persona.name] = persona.model_copy(update={"source": Source.USER})
+        unavailable = {}
+        if self._gate is not None:
+            for persona in merged.values():
+                reason = self._gate(persona)
+                if reason:
+                    unavailable[persona.name] = reason
+        self._snapshot = Snapshot(
+            version=self._snapshot.version + 1,
+            personas=MappingProxyType(merged),
+            warnings=tuple(warnings),
+            unavailable=MappingProxyType(unavailable),
+            shadowed=MappingProxyType(shadowed),
+            digest=_digest(merged),
+        )
+        return self._snapshot
+
+
+def _frontmatter_of(persona: Persona) -> dict[str, Any]:
+    """The persona as a frontmatter mapping (what a file or a JSON body would carry)."""
+    data = persona.model_dump(
+        mode="python", exclude={"body", "unknown_fields", "source", "path"}, exclude_unset=True
+    )
+    data.setdefault("name", persona.name)
+    data.setdefault("description", persona.description)
+    data.setdefault("when_to_use", persona.when_to_use)
+    data.update(persona.unknown_fields)
+    return data

@@ -1,0 +1,150 @@
+"""One settings object, built at the entry point from the environment and ``ONGRID_CONFIG``.
+
+Library modules never read ``os.environ`` themselves; they receive a :class:`Settings`. The YAML
+file holds what does not fit an environment variable (roles, tokens); environment variables win
+over the file for the scalar settings they name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from registry.errors import UserError
+
+__all__ = ["DEFAULT_MARKETPLACE_ROOT", "RoleConfig", "Settings"]
+
+DEFAULT_MARKETPLACE_ROOT = Path("/var/lib/ongrid/agents")
+
+#: Environment variable → settings field, for the scalar settings.
+_ENV: dict[str, str] = {
+    "ONGRID_AGENTS_DIR": "agents_dir",
+    "ONGRID_MARKETPLACE_ROOT": "marketplace_root",
+    "ONGRID_DEFAULT_MODEL": "default_model",
+    "ONGRID_DEFAULT_PROVIDER": "default_provider",
+    "ONGRID_DEFAULT_LOCALE": "default_locale",
+    "REDIS_URL": "redis_url",
+    "ONGRID_DATABASE_URL": "database_url",
+    "ONGRID_DATA_DIR": "data_dir",
+    "PROMETHEUS_URL": "prometheus_url",
+    "LOKI_URL": "loki_url",
+    "TEMPO_URL": "tempo_url",
+    "CLICKHOUSE_URL": "clickhouse_url",
+    "CLICKHOUSE_USER": "clickhouse_user",
+    "CLICKHOUSE_PASSWORD": "clickhouse_password",
+    "ONGRID_TOPOLOGY_FILE": "topology_file",
+    "ONGRID_REPO_ROOT": "repo_root",
+}
+#: Environment variables holding a path list (``os.pathsep``-separated).
+_ENV_LISTS: dict[str, str] = {
+    "ONGRID_AGENTS_EXTERNAL_DIRS": "external_dirs",
+    "ONGRID_KNOWLEDGE_DIRS": "knowledge_dirs",
+}
+
+
+class RoleConfig(BaseModel):
+    """What a role may see and do. ``tools`` are name patterns with ``*`` wildcards (SPEC §4)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tools: list[str] = Field(default_factory=list)
+    edit_personas: bool = False
+    approve: bool = False
+
+
+def _default_roles() -> dict[str, RoleConfig]:
+    return {
+        "admin": RoleConfig(tools=["*"], edit_personas=True, approve=True),
+        "operator": RoleConfig(tools=["*"], approve=True),
+        "viewer": RoleConfig(
+            tools=["query_*", "search_*", "find_*", "expand_*", "get_*", "host_probe", "read_repo"]
+        ),
+    }
+
+
+class Settings(BaseModel):
+    """Everything configurable. Paths relative to the working directory stay relative."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agents_dir: Path = Path("agents")
+    external_dirs: list[Path] = Field(default_factory=list)
+    marketplace_root: Path = DEFAULT_MARKETPLACE_ROOT
+    roles: dict[str, RoleConfig] = Field(default_factory=_default_roles)
+    default_role: str = "admin"
+    default_model: str = ""
+    default_provider: str = ""
+    default_locale: str = "en"
+    redis_url: str = ""
+    database_url: str = ""
+    data_dir: Path = Path(".ongrid")
+    prometheus_url: str = ""
+    loki_url: str = ""
+    tempo_url: str = ""
+    clickhouse_url: str = ""
+    clickhouse_user: str = ""
+    clickhouse_password: str = ""
+    topology_file: str = ""
+    knowledge_dirs: list[Path] = Field(default_factory=list)
+    repo_root: str = ""
+    allow_reboot: bool = False
+    #: Free-form keys from the config file, checked by personas' ``metadata.requires.config``.
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def agent_dirs(self) -> list[Path]:
+        """Disk roots in load order: ./agents, the external dirs, the marketplace root."""
+        return [self.agents_dir, *self.external_dirs, self.marketplace_root]
+
+    def has_config(self, key: str) -> bool:
+        """Whether configuration key ``key`` is set (a field or an ``extra`` entry, non-empty)."""
+        value = getattr(self, key, None) if key in type(self).model_fields else None
+        if value is None:
+            value = self.extra.get(key)
+        return value not in (None, "", [], {})
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build from ``ONGRID_CONFIG`` (a YAML file, optional) and the environment."""
+        env = os.environ if environ is None else environ
+        data: dict[str, Any] = {}
+        config_path = env.get("ONGRID_CONFIG")
+        if config_path:
+            data.update(_read_config(Path(config_path)))
+        known = set(cls.model_fields)
+        extra = {k: data.pop(k) for k in list(data) if k not in known and k != "auth"}
+        data.pop("auth", None)  # read by the API's auth layer from the same file
+        data.setdefault("extra", {}).update(extra)
+        for var, field in _ENV.items():
+            if env.get(var):
+                data[field] = env[var]
+        for var, field in _ENV_LISTS.items():
+            if env.get(var):
+                data[field] = [p for p in env[var].split(os.pathsep) if p]
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            where = f" (from {config_path})" if config_path else ""
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise UserError(f"invalid settings{where}: {problems}") from None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"cannot read ONGRID_CONFIG {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"ONGRID_CONFIG {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"ONGRID_CONFIG {path} must be a mapping, got {type(data).__name__}")
+    return data

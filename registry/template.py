@@ -1,0 +1,84 @@
+"""The subset of Go's text/template that ``initial_prompt`` may use: field lookups, nothing else.
+
+Supported: ``{{.key}}``, ``{{ .key }}``, nested ``{{.a.b}}``, the whole context ``{{.}}`` and Go's
+whitespace trim markers ``{{- .key -}}``. A missing key renders ``<no value>`` as Go's default
+``missingkey`` option does. Anything else between ``{{`` and ``}}`` (pipelines, functions, range,
+if) is rejected when the persona is loaded: no code runs, ever.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from registry.errors import TemplateError
+
+__all__ = ["MISSING", "check_template", "render_template"]
+
+#: What Go prints for a key that is not in the map.
+MISSING = "<no value>"
+
+_ACTION = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.DOTALL)
+_FIELD = re.compile(r"^\.(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)?$")
+
+
+def _path(action: str, template: str) -> list[str]:
+    expr = action.strip()
+    if not _FIELD.match(expr):
+        raise TemplateError(
+            f"unsupported template action {{{{{action}}}}} in {template[:60]!r}: only field "
+            "lookups such as {{.incident_id}} or {{.device.id}} are allowed"
+        )
+    return [part for part in expr.split(".") if part]
+
+
+def check_template(template: str) -> None:
+    """Raise :class:`TemplateError` if ``template`` uses anything outside the subset."""
+    for match in _ACTION.finditer(template):
+        _path(match.group(2), template)
+    rest = _ACTION.sub("", template)
+    if "{{" in rest:
+        raise TemplateError(f"unclosed '{{{{' in {template[:60]!r}")
+
+
+def _lookup(context: Any, path: list[str]) -> Any:
+    value = context
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            return MISSING
+        value = value[key]
+    return value
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping | list | tuple):
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    return str(value)
+
+
+def render_template(template: str, context: Mapping[str, Any] | None) -> str:
+    """Render ``template`` over ``context``. Values are inserted as text, never evaluated."""
+    check_template(template)
+    ctx = context or {}
+    out: list[str] = []
+    pos = 0
+    for match in _ACTION.finditer(template):
+        chunk = template[pos : match.start()]
+        if match.group(1):
+            chunk = chunk.rstrip()
+        out.append(chunk)
+        out.append(_format(_lookup(ctx, _path(match.group(2), template))))
+        pos = match.end()
+        if match.group(3):
+            while pos < len(template) and template[pos].isspace():
+                pos += 1
+    out.append(template[pos:])
+    return "".join(out)

@@ -1,0 +1,212 @@
+"""What a tool is to the runtime: a name, a description, a JSON schema of arguments and a class.
+
+Tools are registered in code (a new tool needs code and a restart, SPEC §7). This module only
+describes them; the implementations live in ``workers.tools`` and the policy that decides which of
+them a spawn may call lives in :mod:`registry.policy`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from registry.errors import NotFoundError, ToolArgumentError
+
+__all__ = [
+    "AGENT_TOOL_NAME",
+    "BaseTool",
+    "FunctionTool",
+    "ToolCatalog",
+    "ToolClass",
+    "ToolContext",
+    "ToolResult",
+    "function_tool",
+]
+
+#: The tool that spawns another persona. Never part of a worker's bag: workers cannot spawn workers.
+AGENT_TOOL_NAME = "spawn_agent"
+
+
+class ToolClass(StrEnum):
+    """How much a tool can change: gates it against a persona's ``permission_mode``."""
+
+    READ = "read"
+    WRITE = "write"
+    DESTRUCTIVE = "destructive"
+
+    @classmethod
+    def _missing_(cls, value: object) -> ToolClass | None:
+        # "safe" is the documented alias of "read".
+        return cls.READ if value == "safe" else None
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool call gives back to the model. ``is_error`` marks an observation of failure."""
+
+    content: str
+    is_error: bool = False
+    data: Any = None
+
+
+@dataclass
+class ToolContext:
+    """What a running tool may use: the spawn it serves and the clients it was handed.
+
+    Dependencies come in here rather than through module globals, so a test can hand a tool a
+    different knowledge directory or Prometheus URL without touching the environment.
+    """
+
+    session_id: str = ""
+    spawn_id: str = ""
+    user: str = ""
+    role: str = ""
+    settings: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class BaseTool(ABC):
+    """A tool the model may call. Subclasses set the four descriptors and implement :meth:`run`."""
+
+    name: str
+    description: str
+    tool_class: ToolClass
+    args_model: type[BaseModel]
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments, as sent to the model."""
+        schema = self.args_model.model_json_schema()
+        schema.pop("title", None)
+        schema.setdefault("properties", {})
+        return schema
+
+    def validate_arguments(self, arguments: Mapping[str, Any] | None) -> BaseModel:
+        """Check ``arguments`` against the schema; :class:`ToolArgumentError` says what is wrong."""
+        try:
+            return self.args_model.model_validate(dict(arguments or {}))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
+                for err in exc.errors()
+            )
+            raise ToolArgumentError(f"invalid arguments for {self.name}: {problems}") from None
+
+    @abstractmethod
+    def run(self, arguments: BaseModel, context: ToolContext) -> ToolResult:
+        """Execute with already validated arguments. Raising is allowed: the loop reports it."""
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready description: name, description, class and argument schema."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "class": self.tool_class.value,
+            "parameters": self.parameters,
+        }
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} ({self.tool_class.value})>"
+
+
+class _StrictArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionTool(BaseTool):
+    """A tool made from a plain function by :func:`function_tool`."""
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        name: str,
+        description: str,
+        tool_class: ToolClass,
+        args_model: type[BaseModel],
+        wants_context: bool,
+    ) -> None:
+        self.func = func
+        self.name = name
+        self.description = description
+        self.tool_class = tool_class
+        self.args_model = args_model
+        self._wants_context = wants_context
+
+    def run(self, arguments: BaseModel, context: ToolContext) -> ToolResult:
+        kwargs = {k: getattr(arguments, k) for k in type(arguments).model_fields}
+        if self._wants_context:
+            kwargs["context"] = context
+        out = self.func(**kwargs)
+        return out if isinstance(out, ToolResult) else ToolResult(content=str(out))
+
+
+def function_tool(
+    tool_class: ToolClass | str = ToolClass.READ, *, name: str | None = None
+) -> Callable[[Callable[..., Any]], FunctionTool]:
+    """Turn a typed function into a tool; the schema comes from its signature, the text from its
+    docstring. A parameter named ``context`` receives the :class:`ToolContext` and is not shown to
+    the model. Parameters may use ``typing.Annotated[..., pydantic.Field(description=...)]``.
+    """
+
+    def decorate(func: Callable[..., Any]) -> FunctionTool:
+        hints = get_type_hints(func, include_extras=True)
+        fields: dict[str, Any] = {}
+        wants_context = False
+        for pname, param in inspect.signature(func).parameters.items():
+            if pname == "context":
+                wants_context = True
+                continue
+            annotation = hints.get(pname, Any)
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[pname] = (annotation, default)
+        tool_name = name or func.__name__
+        model = create_model(f"{tool_name}_args", __base__=_StrictArgs, **fields)
+        return FunctionTool(
+            func,
+            name=tool_name,
+            description=inspect.cleandoc(func.__doc__ or tool_name),
+            tool_class=ToolClass(tool_class),
+            args_model=model,
+            wants_context=wants_context,
+        )
+
+    return decorate
+
+
+class ToolCatalog:
+    """Every tool registered in this process, by name. Built once at start-up."""
+
+    def __init__(self, tools: Iterable[BaseTool] = ()) -> None:
+        self._tools: dict[str, BaseTool] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: BaseTool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is registered twice")
+        self._tools[tool.name] = tool
+
+    def get(self, name: str) -> BaseTool:
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise NotFoundError("tool", name, sorted(self._tools)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[BaseTool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
