@@ -133,11 +133,18 @@ def convert_claude_file(path: str | Path, catalog_names: Collection[str] = ()) -
 
 
 def _sources(paths: Iterable[Path]) -> list[tuple[Path, Path]]:
-    """(file, root) pairs: the root is what the output layout is made relative to."""
+    """(file, root) pairs: the root is what the output layout is made relative to.
+
+    With several source folders, each keeps its own name in the output (relative to its parent),
+    so two collections given side by side never map onto the same output path.
+    """
+    paths = list(paths)
+    several = sum(1 for p in paths if p.is_dir()) > 1
     out = []
     for path in paths:
         if path.is_dir():
-            out.extend((f, path) for f in sorted(path.rglob("*.md")) if f.is_file())
+            root = path.parent if several else path
+            out.extend((f, root) for f in sorted(path.rglob("*.md")) if f.is_file())
         else:
             out.append((path, path.parent))
     return out

@@ -96,9 +96,11 @@ def _lenient(frontmatter: str, yaml_error: str, path: str | None) -> tuple[dict[
         match = _KEY_LINE.match(line)
         if match:
             blocks.append((match.group(1), [line]))
-        elif not line.strip() or line[0] in " \t#-" and blocks:
+        elif not line.strip() or line.lstrip().startswith("#"):
             if blocks:
                 blocks[-1][1].append(line)
+        elif line[0] in " \t-" and blocks:
+            blocks[-1][1].append(line)
         else:
             raise PersonaError(
                 [
@@ -114,7 +116,7 @@ def _lenient(frontmatter: str, yaml_error: str, path: str | None) -> tuple[dict[
     as_text: list[str] = []
     for key, block in blocks:
         try:
-            parsed = yaml.load("\n".join(block), Loader=_Loader)  # noqa: S506 - safe loader
+            parsed = yaml.load("\n".join(block) + "\n", Loader=_Loader)  # noqa: S506 - safe loader
             data[key] = parsed[key]
         except (yaml.YAMLError, TypeError, KeyError):
             first = _KEY_LINE.match(block[0])

@@ -82,8 +82,10 @@ class OngridMetadata(_Open):
     @field_validator("min_ongrid_version", mode="before")
     @classmethod
     def _version_text(cls, value: Any) -> Any:
-        # YAML reads an unquoted 1.2 as a float; a version is text.
-        return str(value) if isinstance(value, int | float) else value
+        # YAML reads an unquoted 0.10 as the float 0.1: the text is lost, so refuse floats.
+        if isinstance(value, float):
+            raise ValueError(f"write the version as a quoted string (e.g. '0.10'), got {value!r}")
+        return str(value) if isinstance(value, int) else value
 
     _lists = field_validator("edge_capabilities", mode="before")(_as_list)
 

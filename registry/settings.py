@@ -116,6 +116,8 @@ class Settings(BaseModel):
         config_path = env.get("ONGRID_CONFIG")
         if config_path:
             data.update(_read_config(Path(config_path)))
+        if not isinstance(data.get("extra", {}), dict):
+            raise UserError(f"invalid settings (from {config_path}): extra: expected a mapping")
         known = set(cls.model_fields)
         extra = {k: data.pop(k) for k in list(data) if k not in known and k != "auth"}
         data.pop("auth", None)  # read by the API's auth layer from the same file
