@@ -230,3 +230,240 @@ def import_(fmt: str, sources: tuple[Path, ...], out_dir: Path, as_json: bool) -
             _out.print(f"tools not in the current catalog ({len(unknown)}): {', '.join(unknown)}")
         _out.print(f"{len(report.imported)} imported, {len(report.skipped)} skipped")
     sys.exit(1 if report.skipped else 0)
+
+
+# -- runtime -----------------------------------------------------------------------------------
+
+
+@agents.command()
+def reload() -> None:
+    """Broadcast a registry reload to every worker and API process."""
+    from workers.client import SpawnClient
+
+    version = SpawnClient(_settings()).reload()
+    click.echo(f"registry reload broadcast (cluster registry version {version})")
+
+
+def _worker_argv(queues: str, concurrency: int, name: str, loglevel: str) -> list[str]:
+    return [
+        "worker",
+        "--pool=threads",
+        f"--concurrency={concurrency}",
+        f"--queues={queues}",
+        f"--hostname={name}@%h",
+        f"--loglevel={loglevel}",
+        "--without-gossip",
+        "--without-mingle",
+    ]
+
+
+@main.command()
+@click.option(
+    "--queues",
+    default="ongrid.interactive,ongrid.background",
+    show_default=True,
+    help="Comma-separated queues to consume.",
+)
+@click.option("--concurrency", "-c", default=256, show_default=True, help="Spawns held at once.")
+@click.option("--name", default="worker", show_default=True)
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(queues: str, concurrency: int, name: str, loglevel: str) -> None:
+    """Run a Celery worker (threads pool) that executes spawns."""
+    from workers.app import app
+    from workers.runtime import worker_runtime
+
+    worker_runtime()  # catch up with the registry and start the lease/reaper threads now
+    app.worker_main(_worker_argv(queues, concurrency, name, loglevel))
+
+
+@main.command()
+@click.option("--port", default=5555, show_default=True)
+def flower(port: int) -> None:
+    """Run Flower on the runtime's broker; spawns show as ongrid.spawn with their persona."""
+    import os
+
+    os.execvp(
+        sys.executable,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "workers.app",
+            "flower",
+            f"--port={port}",
+            "--address=127.0.0.1",
+        ],
+    )
+
+
+def _parse_context(items: tuple[str, ...]) -> dict[str, Any]:
+    context: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected key=value, got {item!r}", param_hint="--context")
+        try:
+            context[key] = json.loads(value)
+        except json.JSONDecodeError:
+            context[key] = value
+    return context
+
+
+def _render_event(event: Any) -> None:
+    kind = event.type
+    if kind == "text":
+        _out.print(event.text, end="", markup=False)
+    elif kind == "agent_tile":
+        tools = ", ".join(t["name"] for t in event.tools) or "none"
+        _out.print(f"\n[bold cyan]▶ {event.persona}[/] — {event.description}\n  tools: {tools}")
+    elif kind == "tool_call":
+        _out.print(f"\n[magenta]→ {event.name}[/] {event.arguments}", markup=True)
+    elif kind == "tool_result":
+        colour = "red" if event.is_error else "green"
+        first = event.content.strip().splitlines()[0][:160] if event.content.strip() else ""
+        _out.print(f"[{colour}]← {event.name}[/] {first}", markup=True)
+    elif kind == "confirmation_required":
+        _out.print(f"\n[yellow]? {event.name} needs confirmation ({event.confirmation})[/]")
+    elif kind == "task_notification":
+        colour = "green" if event.status == "ok" else "red"
+        cost = f", ${event.usage.cost:.4f}" if event.usage.cost else ""
+        _out.print(
+            f"\n[{colour}]■ {event.persona}: {event.status}[/] ({event.usage.model_calls} model "
+            f"calls, {event.usage.total_tokens} tokens{cost})"
+        )
+        if event.status != "ok":
+            _out.print(event.message, markup=False)
+
+
+@main.command()
+@click.argument("name")
+@click.option("--prompt", "-p", required=True)
+@click.option("--context", "context_items", multiple=True, help="key=value (JSON values allowed).")
+@click.option("--role", default=None)
+@click.option("--wait", is_flag=True, help="Wait for background personas too.")
+@click.option("--timeout", default=600.0, show_default=True, help="Seconds to wait.")
+@click.option("--json", "as_json", is_flag=True, help="Events as JSON lines.")
+def spawn(
+    name: str,
+    prompt: str,
+    context_items: tuple[str, ...],
+    role: str | None,
+    wait: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Spawn persona NAME and print its events as they come."""
+    from workers.client import SpawnClient
+
+    client = SpawnClient(_settings())
+    try:
+        record = client.spawn(name, prompt, context=_parse_context(context_items), role=role)
+    except OngridError as exc:
+        raise click.ClickException(str(exc)) from None
+    if record.background and not wait:
+        if as_json:
+            _emit_json({"spawn_id": record.spawn_id, "session_id": record.session_id})
+        else:
+            click.echo(f"background spawn {record.spawn_id} (session {record.session_id})")
+        return
+    status = "failed"
+    for event in client.events(
+        record.session_id,
+        timeout=timeout,
+        until=lambda e: (
+            e.spawn_id == record.spawn_id
+            and (e.type == "task_notification" or e.type == "confirmation_required")
+        ),
+    ):
+        if as_json:
+            click.echo(event.model_dump_json())
+        else:
+            _render_event(event)
+        if event.type == "task_notification":
+            status = event.status
+        elif event.type == "confirmation_required":
+            status = "waiting"
+    sys.exit(0 if status in ("ok", "waiting") else 1)
+
+
+@main.command()
+@click.option("--workers", default=1, show_default=True, help="Interactive worker processes.")
+@click.option("--flower-port", default=5555, show_default=True)
+@click.option("--demo/--no-demo", default=True, show_default=True, help="Run one spawn at start.")
+def up(workers: int, flower_port: int, demo: bool) -> None:
+    """Start everything on this machine: Redis (embedded if none), workers, Flower."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from workers.embedded_redis import EmbeddedRedis, redis_answers
+
+    settings = _settings()
+    children: list[subprocess.Popen[bytes]] = []
+    embedded = None
+    env = dict(os.environ)
+    if not settings.redis_url:
+        if redis_answers():
+            env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+            _out.print("Redis: using the server on 127.0.0.1:6379")
+        else:
+            embedded = EmbeddedRedis(data_dir=settings.data_dir / "redis").start()
+            env["REDIS_URL"] = embedded.url
+            _out.print(f"Redis: started the embedded server at {embedded.url}")
+    else:
+        _out.print(f"Redis: {settings.redis_url}")
+    os.environ["REDIS_URL"] = env.get("REDIS_URL", settings.redis_url)
+    me = [sys.executable, "-m", "coordinator"]
+    plan = [
+        ["worker", f"--name=interactive{i}", "--queues=ongrid.interactive"] for i in range(workers)
+    ]
+    plan.append(["worker", "--name=background", "--queues=ongrid.background"])
+    plan.append(["flower", f"--port={flower_port}"])
+    try:
+        for args in plan:
+            children.append(
+                subprocess.Popen(
+                    [*me, *args, *(["--loglevel=WARNING"] if args[0] == "worker" else [])], env=env
+                )
+            )
+        _out.print(
+            f"Workers: {workers} interactive, 1 background; Flower: http://127.0.0.1:{flower_port}"
+        )
+        if demo:
+            _demo_spawn()
+        _out.print("Running; Ctrl-C stops everything.")
+        while all(c.poll() is None for c in children):
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if embedded:
+            embedded.stop()
+
+
+def _demo_spawn() -> None:
+    from workers.client import SpawnClient
+    from workers.model import DEMO_MODEL
+
+    settings = Settings.load()
+    client = SpawnClient(settings)
+    if not (settings.default_model or settings.default_provider):
+        _out.print(
+            f"Model: {DEMO_MODEL} — the offline demo model (deterministic, not an LLM). "
+            "Set ONGRID_DEFAULT_MODEL (and the provider's key) for a real model."
+        )
+    record = client.spawn("disk_specialist", "Is any filesystem on this host close to full?")
+    for event in client.events(
+        record.session_id, timeout=120, until=lambda e: e.type == "task_notification"
+    ):
+        _render_event(event)

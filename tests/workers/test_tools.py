@@ -49,9 +49,13 @@ def backend() -> Iterator[Backend]:
         def _answer(self) -> None:
             parsed = urllib.parse.urlsplit(self.path)
             length = int(self.headers.get("Content-Length") or 0)
-            state.requests.append({"path": parsed.path,
-                                   "params": dict(urllib.parse.parse_qsl(parsed.query)),
-                                   "body": self.rfile.read(length).decode()})
+            state.requests.append(
+                {
+                    "path": parsed.path,
+                    "params": dict(urllib.parse.parse_qsl(parsed.query)),
+                    "body": self.rfile.read(length).decode(),
+                }
+            )
             body = json.dumps(state.responses.get(parsed.path, {"status": "error"})).encode()
             self.send_response(200 if parsed.path in state.responses else 404)
             self.send_header("Content-Type", "application/json")
@@ -81,10 +85,23 @@ def backend() -> Iterator[Backend]:
 
 def test_catalog_holds_every_standard_tool_and_no_agent_tool() -> None:
     expected = {
-        "host_probe", "get_edge_summary", "bash", "host_bash", "host_restart_service",
-        "host_reboot", "query_promql", "query_logql", "search_logs", "query_traceql",
-        "query_clickhouse_system", "expand_topology", "find_topology_node", "query_devices",
-        "query_knowledge", "search_knowledge", "read_repo",
+        "host_probe",
+        "get_edge_summary",
+        "bash",
+        "host_bash",
+        "host_restart_service",
+        "host_reboot",
+        "query_promql",
+        "query_logql",
+        "search_logs",
+        "query_traceql",
+        "query_clickhouse_system",
+        "expand_topology",
+        "find_topology_node",
+        "query_devices",
+        "query_knowledge",
+        "search_knowledge",
+        "read_repo",
     }
     assert set(CATALOG.names()) == expected
     assert AGENT_TOOL_NAME not in CATALOG
@@ -105,8 +122,9 @@ def test_tool_classes() -> None:
     classes = {t.name: t.tool_class.value for t in CATALOG}
     assert classes["host_restart_service"] == "write"
     assert classes["host_reboot"] == "destructive"
-    assert {c for n, c in classes.items() if n not in ("host_restart_service", "host_reboot")} \
-        == {"read"}
+    assert {c for n, c in classes.items() if n not in ("host_restart_service", "host_reboot")} == {
+        "read"
+    }
 
 
 # --- host -----------------------------------------------------------------------------------
@@ -226,8 +244,9 @@ def test_commands_are_killed_at_the_timeout_with_partial_output() -> None:
     assert done.render().splitlines()[1] == "timed out"
 
 
-def test_restart_service_validates_unit_and_needs_systemctl(monkeypatch: Any,
-                                                            tmp_path: Any) -> None:
+def test_restart_service_validates_unit_and_needs_systemctl(
+    monkeypatch: Any, tmp_path: Any
+) -> None:
     bad = call("host_restart_service", unit="nginx;reboot")
     assert bad.is_error and "not a valid systemd unit name" in bad.content
     assert call("host_restart_service", unit="--force").is_error
@@ -245,15 +264,31 @@ def test_reboot_is_disabled_unless_allowed() -> None:
 
 # --- Prometheus, Loki, Tempo ----------------------------------------------------------------
 
-VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
-    {"metric": {"__name__": "up", "instance": "edge-12:9100", "job": "node"},
-     "value": [1700000000, "1"]},
-    {"metric": {"__name__": "up", "instance": "edge-13:9100", "job": "node"},
-     "value": [1700000000, "0"]},
-]}}
-MATRIX = {"status": "success", "data": {"resultType": "matrix", "result": [
-    {"metric": {"instance": "edge-12"}, "values": [[1700000000, "1"], [1700000060, "3"]]},
-]}}
+VECTOR = {
+    "status": "success",
+    "data": {
+        "resultType": "vector",
+        "result": [
+            {
+                "metric": {"__name__": "up", "instance": "edge-12:9100", "job": "node"},
+                "value": [1700000000, "1"],
+            },
+            {
+                "metric": {"__name__": "up", "instance": "edge-13:9100", "job": "node"},
+                "value": [1700000000, "0"],
+            },
+        ],
+    },
+}
+MATRIX = {
+    "status": "success",
+    "data": {
+        "resultType": "matrix",
+        "result": [
+            {"metric": {"instance": "edge-12"}, "values": [[1700000000, "1"], [1700000060, "3"]]},
+        ],
+    },
+}
 
 
 def test_query_promql_instant(backend: Backend) -> None:
@@ -262,8 +297,9 @@ def test_query_promql_instant(backend: Backend) -> None:
     assert not result.is_error
     assert 'up{instance="edge-13:9100", job="node"} = 0' in result.content
     assert "vector: 2 series" in result.content
-    assert backend.requests == [{"path": "/api/v1/query", "params": {"query": "up == 0"},
-                                 "body": ""}]
+    assert backend.requests == [
+        {"path": "/api/v1/query", "params": {"query": "up == 0"}, "body": ""}
+    ]
 
 
 def test_query_promql_range(backend: Backend) -> None:
@@ -293,35 +329,52 @@ def test_query_promql_unreachable() -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = call("query_promql", SimpleNamespace(prometheus_url=f"http://127.0.0.1:{port}"),
-                  query="up")
+    result = call(
+        "query_promql", SimpleNamespace(prometheus_url=f"http://127.0.0.1:{port}"), query="up"
+    )
     assert result.is_error and "could not reach Prometheus" in result.content
 
 
 def test_search_logs_builds_logql(backend: Backend) -> None:
-    backend.responses["/loki/api/v1/query_range"] = {"status": "success", "data": {
-        "resultType": "streams", "result": [
-            {"stream": {"app": "api"}, "values": [["1700000000000000000", "GET / 500 \"oops\""]]},
-        ]}}
+    backend.responses["/loki/api/v1/query_range"] = {
+        "status": "success",
+        "data": {
+            "resultType": "streams",
+            "result": [
+                {"stream": {"app": "api"}, "values": [["1700000000000000000", 'GET / 500 "oops"']]},
+            ],
+        },
+    }
     settings = SimpleNamespace(loki_url=backend.url)
-    result = call("search_logs", settings, selector='app="api"', contains='500 "oops"',
-                  since="30m", limit=10)
+    result = call(
+        "search_logs", settings, selector='app="api"', contains='500 "oops"', since="30m", limit=10
+    )
     assert not result.is_error
     assert '{app=api} GET / 500 "oops"' in result.content
     params = backend.requests[0]["params"]
     assert params["query"] == '{app="api"} |= "500 \\"oops\\""'
     assert (params["since"], params["limit"]) == ("30m", "10")
-    assert call("query_logql", None, query="{a=\"b\"}").content.startswith(
-        "query_logql is not configured: set LOKI_URL")
+    assert call("query_logql", None, query='{a="b"}').content.startswith(
+        "query_logql is not configured: set LOKI_URL"
+    )
 
 
 def test_query_traceql(backend: Backend) -> None:
-    backend.responses["/api/search"] = {"traces": [{
-        "traceID": "abc123", "rootServiceName": "api", "rootTraceName": "GET /",
-        "startTimeUnixNano": "1700000000000000000", "durationMs": 2300,
-        "spanSets": [{"spans": [{}, {}]}]}]}
-    result = call("query_traceql", SimpleNamespace(tempo_url=backend.url),
-                  query="{ duration > 2s }")
+    backend.responses["/api/search"] = {
+        "traces": [
+            {
+                "traceID": "abc123",
+                "rootServiceName": "api",
+                "rootTraceName": "GET /",
+                "startTimeUnixNano": "1700000000000000000",
+                "durationMs": 2300,
+                "spanSets": [{"spans": [{}, {}]}],
+            }
+        ]
+    }
+    result = call(
+        "query_traceql", SimpleNamespace(tempo_url=backend.url), query="{ duration > 2s }"
+    )
     assert not result.is_error
     assert "abc123" in result.content and "2300 ms, 2 matching spans" in result.content
     assert backend.requests[0]["params"]["q"] == "{ duration > 2s }"
@@ -331,33 +384,39 @@ def test_query_traceql(backend: Backend) -> None:
 # --- ClickHouse -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT * FROM system.parts",
-    "select table, count() from system.parts where active group by table;",
-    "SELECT * FROM `system`.`parts` AS p JOIN system.tables t ON p.table = t.name",
-    "SELECT * FROM system.parts WHERE table = 'x FROM default.t; DROP TABLE y'",
-    "SELECT extract(DAY FROM event_time) FROM system.query_log",
-    "SELECT * FROM clusterAllReplicas('main', system.replicas)",
-    "SELECT 1 -- FROM default.t\nFROM system.one",
-    "SELECT name FROM system.tables ARRAY JOIN [1, 2] AS n",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM system.parts",
+        "select table, count() from system.parts where active group by table;",
+        "SELECT * FROM `system`.`parts` AS p JOIN system.tables t ON p.table = t.name",
+        "SELECT * FROM system.parts WHERE table = 'x FROM default.t; DROP TABLE y'",
+        "SELECT extract(DAY FROM event_time) FROM system.query_log",
+        "SELECT * FROM clusterAllReplicas('main', system.replicas)",
+        "SELECT 1 -- FROM default.t\nFROM system.one",
+        "SELECT name FROM system.tables ARRAY JOIN [1, 2] AS n",
+    ],
+)
 def test_clickhouse_guard_accepts(sql: str) -> None:
     assert check_system_select(sql)
 
 
-@pytest.mark.parametrize(("sql", "why"), [
-    ("DROP TABLE x", "single SELECT"),
-    ("SELECT * FROM default.t", "not a table of the system database"),
-    ("SELECT * FROM parts", "not a table of the system database"),
-    ("SELECT 1 FROM system.one; DROP TABLE x", "one statement"),
-    ("SELECT * FROM system.one JOIN default.t USING x", "default.t"),
-    ("SELECT * FROM system.one WHERE 1 IN (SELECT x FROM default.t)", "default.t"),
-    ("SELECT * FROM url('http://evil/', CSV, 'a String')", "url"),
-    ("SELECT * FROM system.one, default.t", "comma joins"),
-    ("SELECT * FROM system.one INTO OUTFILE '/tmp/x'", "OUTFILE"),
-    ("INSERT INTO system.one SELECT 1", "single SELECT"),
-    ("SELECT 'unterminated FROM system.one", "unterminated"),
-])
+@pytest.mark.parametrize(
+    ("sql", "why"),
+    [
+        ("DROP TABLE x", "single SELECT"),
+        ("SELECT * FROM default.t", "not a table of the system database"),
+        ("SELECT * FROM parts", "not a table of the system database"),
+        ("SELECT 1 FROM system.one; DROP TABLE x", "one statement"),
+        ("SELECT * FROM system.one JOIN default.t USING x", "default.t"),
+        ("SELECT * FROM system.one WHERE 1 IN (SELECT x FROM default.t)", "default.t"),
+        ("SELECT * FROM url('http://evil/', CSV, 'a String')", "url"),
+        ("SELECT * FROM system.one, default.t", "comma joins"),
+        ("SELECT * FROM system.one INTO OUTFILE '/tmp/x'", "OUTFILE"),
+        ("INSERT INTO system.one SELECT 1", "single SELECT"),
+        ("SELECT 'unterminated FROM system.one", "unterminated"),
+    ],
+)
 def test_clickhouse_guard_refuses(sql: str, why: str) -> None:
     with pytest.raises(SqlRefused, match=why):
         check_system_select(sql)
@@ -371,18 +430,25 @@ def test_clickhouse_refuses_before_any_network_call(backend: Backend) -> None:
 
 
 def test_clickhouse_query_is_readonly_and_capped(backend: Backend) -> None:
-    backend.responses["/"] = {"meta": [{"name": "table", "type": "String"},
-                                       {"name": "parts", "type": "UInt64"}],
-                              "data": [["events", "812"], ["logs", "12"]], "rows": 2}
+    backend.responses["/"] = {
+        "meta": [{"name": "table", "type": "String"}, {"name": "parts", "type": "UInt64"}],
+        "data": [["events", "812"], ["logs", "12"]],
+        "rows": 2,
+    }
     settings = SimpleNamespace(clickhouse_url=backend.url)
-    result = call("query_clickhouse_system", settings,
-                  sql="SELECT table, count() AS parts FROM system.parts GROUP BY table;")
+    result = call(
+        "query_clickhouse_system",
+        settings,
+        sql="SELECT table, count() AS parts FROM system.parts GROUP BY table;",
+    )
     assert not result.is_error
     assert result.content.splitlines()[:3] == ["table\tparts", "events\t812", "logs\t12"]
     sent = backend.requests[0]
     assert sent["params"] == {"readonly": "1"}
-    assert sent["body"] == ("SELECT * FROM (SELECT table, count() AS parts FROM system.parts "
-                            "GROUP BY table) LIMIT 201 FORMAT JSONCompact")
+    assert sent["body"] == (
+        "SELECT * FROM (SELECT table, count() AS parts FROM system.parts "
+        "GROUP BY table) LIMIT 201 FORMAT JSONCompact"
+    )
 
 
 def test_clickhouse_not_configured() -> None:
@@ -416,15 +482,20 @@ def topology(tmp_path: Any) -> SimpleNamespace:
 def test_find_topology_node(topology: SimpleNamespace) -> None:
     found = call("find_topology_node", topology, query="EDGE").data
     assert [n["id"] for n in found] == ["edge-12", "edge-13"]
-    assert [n["id"] for n in call("find_topology_node", topology, query="site=lisbon").data] \
-        == ["sw-1", "edge-12"]
+    assert [n["id"] for n in call("find_topology_node", topology, query="site=lisbon").data] == [
+        "sw-1",
+        "edge-12",
+    ]
     assert call("find_topology_node", topology, query="edge 12").data[0]["id"] == "edge-12"
 
 
 def test_expand_topology(topology: SimpleNamespace) -> None:
     both = call("expand_topology", topology, node_id="sw-1").data
-    assert {n["id"]: n["distance"] for n in both["nodes"]} == \
-        {"sw-1": 0, "site-lis": 1, "edge-12": 1}
+    assert {n["id"]: n["distance"] for n in both["nodes"]} == {
+        "sw-1": 0,
+        "site-lis": 1,
+        "edge-12": 1,
+    }
     down = call("expand_topology", topology, node_id="site-lis", depth=3, direction="down").data
     assert [n["id"] for n in down["nodes"]] == ["site-lis", "sw-1", "edge-12", "api"]
     up = call("expand_topology", topology, node_id="API service", depth=2, direction="up").data
@@ -435,10 +506,13 @@ def test_expand_topology(topology: SimpleNamespace) -> None:
 
 
 def test_query_devices(topology: SimpleNamespace) -> None:
-    assert [n["id"] for n in call("query_devices", topology, kind="HOST").data] == \
-        ["edge-12", "edge-13"]
-    assert [n["id"] for n in call("query_devices", topology, kind="host",
-                                  label="site=lisbon").data] == ["edge-12"]
+    assert [n["id"] for n in call("query_devices", topology, kind="HOST").data] == [
+        "edge-12",
+        "edge-13",
+    ]
+    assert [
+        n["id"] for n in call("query_devices", topology, kind="host", label="site=lisbon").data
+    ] == ["edge-12"]
     assert [n["id"] for n in call("query_devices", topology, label="team").data] == ["api"]
     assert len(call("query_devices", topology).data) == 5
 
@@ -507,8 +581,9 @@ def test_knowledge_ranks_the_right_section_first(knowledge: SimpleNamespace) -> 
     assert 0.6 <= best["score"] <= 1.0
     assert "df -i" in best["excerpt"]
     assert len(result.data) <= 3
-    assert [r["score"] for r in result.data] == sorted((r["score"] for r in result.data),
-                                                       reverse=True)
+    assert [r["score"] for r in result.data] == sorted(
+        (r["score"] for r in result.data), reverse=True
+    )
 
 
 def test_knowledge_scores_partial_matches_low(knowledge: SimpleNamespace) -> None:

@@ -38,7 +38,9 @@ _CLUSTER_FUNCTIONS = {"cluster", "clusterallreplicas"}
 # Functions that read other tables, files or hosts even outside a FROM clause.
 _OUTSIDE_READERS = re.compile(
     r"\b(url|file|s3\w*|gcs|hdfs\w*|azureBlobStorage\w*|remote\w*|mysql|postgresql|mongodb|"
-    r"redis|jdbc|odbc|sqlite|input|executable|dictGet\w*|joinGet\w*)\s*\(", re.I)
+    r"redis|jdbc|odbc|sqlite|input|executable|dictGet\w*|joinGet\w*)\s*\(",
+    re.I,
+)
 # FROM inside these calls is syntax, not a table: extract(DAY FROM t), trim(BOTH ' ' FROM s).
 _FROM_SYNTAX_CALLS = {"extract", "trim", "substring", "position", "overlay"}
 
@@ -83,9 +85,11 @@ def _check_table(sql: str, match: re.Match[str]) -> None:
         raise SqlRefused(f"table function {target}() is not allowed; read system.* tables only")
     table = target.replace("`", "").replace('"', "")
     if not _SYSTEM_TABLE.match(table):
-        raise SqlRefused(f"{target} is not a table of the system database; only system.* tables "
-                         "may be read (write them qualified, e.g. system.parts)")
-    after = sql[match.end():]
+        raise SqlRefused(
+            f"{target} is not a table of the system database; only system.* tables "
+            "may be read (write them qualified, e.g. system.parts)"
+        )
+    after = sql[match.end() :]
     if re.match(r"\s*(?:(?:AS\s+)?(?!(?:WHERE|GROUP|ORDER|LIMIT|FINAL)\b)\w+\s*)?,", after, re.I):
         raise SqlRefused("comma joins are not supported; use JOIN ... ON/USING")
 
@@ -133,9 +137,14 @@ def _headers(context: ToolContext) -> dict[str, str]:
 
 @function_tool(ToolClass.READ, name="query_clickhouse_system")
 def query_clickhouse_system(
-    sql: Annotated[str, Field(description="One SELECT over system.* tables, e.g. 'SELECT table, "
-                                          "sum(bytes_on_disk) AS b FROM system.parts WHERE "
-                                          "active GROUP BY table ORDER BY b DESC LIMIT 10'.")],
+    sql: Annotated[
+        str,
+        Field(
+            description="One SELECT over system.* tables, e.g. 'SELECT table, "
+            "sum(bytes_on_disk) AS b FROM system.parts WHERE "
+            "active GROUP BY table ORDER BY b DESC LIMIT 10'."
+        ),
+    ],
     context: ToolContext,
 ) -> ToolResult:
     """Query ClickHouse's own `system` tables (read-only) to diagnose the server: system.parts
@@ -151,20 +160,25 @@ def query_clickhouse_system(
     except SqlRefused as exc:
         return error(f"refused: {exc}")
     if not base:
-        return not_configured("query_clickhouse_system", "CLICKHOUSE_URL",
-                              "the ClickHouse HTTP interface, e.g. http://clickhouse:8123")
+        return not_configured(
+            "query_clickhouse_system",
+            "CLICKHOUSE_URL",
+            "the ClickHouse HTTP interface, e.g. http://clickhouse:8123",
+        )
     # Wrapping caps the rows without a settings change, which readonly=1 would forbid.
     wrapped = f"SELECT * FROM ({sendable}) LIMIT {MAX_ROWS + 1} FORMAT JSONCompact"
     try:
         url = build_url(base, "/", {"readonly": 1})
-        payload = http_json(url, service="ClickHouse", body=wrapped.encode(),
-                            headers=_headers(context))
+        payload = http_json(
+            url, service="ClickHouse", body=wrapped.encode(), headers=_headers(context)
+        )
     except BackendError as exc:
         return exc.result()
     if not isinstance(payload, dict):
         return error(f"ClickHouse returned an unexpected answer: {str(payload)[:200]}")
-    return ToolResult(content=_render(payload), data={"meta": payload.get("meta"),
-                                                      "rows": payload.get("data")})
+    return ToolResult(
+        content=_render(payload), data={"meta": payload.get("meta"), "rows": payload.get("data")}
+    )
 
 
 TOOLS = (query_clickhouse_system,)

@@ -22,12 +22,24 @@ SHELL_METACHARACTERS = set(";|&$`<>")
 DEFAULT_READ_ROOTS = ("/proc", "/sys", "/var/log", "/etc")
 #: Inside the roots, files that hold credentials (process environments carry API keys).
 DENIED_PATHS = (
-    "/etc/shadow*", "/etc/gshadow*", "/etc/ssl/private/*", "/etc/ssh/ssh_host_*key",
-    "/proc/*/environ", "/proc/*/task/*/environ", "/proc/*/mem", "/proc/kcore",
+    "/etc/shadow*",
+    "/etc/gshadow*",
+    "/etc/ssl/private/*",
+    "/etc/ssh/ssh_host_*key",
+    "/proc/*/environ",
+    "/proc/*/task/*/environ",
+    "/proc/*/mem",
+    "/proc/kcore",
 )
 #: Injected before a grep's own arguments so a recursive search skips the same files.
-GREP_EXCLUDES = ("--exclude=environ", "--exclude=shadow*", "--exclude=gshadow*",
-                 "--exclude=*_key", "--exclude=kcore", "--exclude-dir=private")
+GREP_EXCLUDES = (
+    "--exclude=environ",
+    "--exclude=shadow*",
+    "--exclude=gshadow*",
+    "--exclude=*_key",
+    "--exclude=kcore",
+    "--exclude-dir=private",
+)
 
 
 class CommandRefused(Exception):
@@ -79,7 +91,7 @@ def _parse_cluster(args: Sequence[str], i: int, value_short: str, parsed: Parsed
     for j, char in enumerate(cluster):
         parsed.options.append(f"-{char}")
         if char in value_short:
-            value = cluster[j + 1:]
+            value = cluster[j + 1 :]
             if not value and i + 1 < len(args):
                 i, value = i + 1, args[i + 1]
             parsed.values.setdefault(f"-{char}", []).append(value)
@@ -113,14 +125,17 @@ _FOLLOWS = "it never finishes; ask for a bounded amount (-n N, --since) instead"
 def _check_systemctl(parsed: Parsed) -> None:
     verbs = {"status", "is-active", "list-units"}
     if not parsed.operands or parsed.operands[0] not in verbs:
-        raise CommandRefused(f"systemctl is limited to: {', '.join(sorted(verbs))} "
-                             "(use host_restart_service to restart a unit)")
+        raise CommandRefused(
+            f"systemctl is limited to: {', '.join(sorted(verbs))} "
+            "(use host_restart_service to restart a unit)"
+        )
 
 
 def _check_mount(parsed: Parsed) -> None:
     if parsed.operands or set(parsed.options) - {"-l", "-t", "--types"}:
-        raise CommandRefused("mount may only list mounts (mount, mount -l, mount -t TYPE); "
-                             "use findmnt for details")
+        raise CommandRefused(
+            "mount may only list mounts (mount, mount -l, mount -t TYPE); use findmnt for details"
+        )
 
 
 def _check_hostname(parsed: Parsed) -> None:
@@ -146,8 +161,27 @@ def _check_ps(parsed: Parsed) -> None:
 
 _IP_OBJECTS = {"addr", "address", "a", "route", "r", "ro", "link", "l"}
 _IP_VERBS = {"show", "list", "ls", "lst", "sh", "s"}
-_IP_OPTIONS = {"-4", "-6", "-br", "-brief", "-j", "-json", "-p", "-pretty", "-s", "-stats",
-               "-statistics", "-d", "-details", "-o", "-oneline", "-h", "-human", "-c", "-color"}
+_IP_OPTIONS = {
+    "-4",
+    "-6",
+    "-br",
+    "-brief",
+    "-j",
+    "-json",
+    "-p",
+    "-pretty",
+    "-s",
+    "-stats",
+    "-statistics",
+    "-d",
+    "-details",
+    "-o",
+    "-oneline",
+    "-h",
+    "-human",
+    "-c",
+    "-color",
+}
 
 
 def check_ip(args: Sequence[str]) -> None:
@@ -157,60 +191,155 @@ def check_ip(args: Sequence[str]) -> None:
         if rest[0] not in _IP_OPTIONS:
             raise CommandRefused(f"ip option {rest[0]} is not allowed")
         rest.pop(0)
-    if not rest or rest[0] not in _IP_OBJECTS or (len(rest) > 1 and rest[1] not in _IP_VERBS
-                                                   and not rest[1].startswith("-")):
+    if (
+        not rest
+        or rest[0] not in _IP_OBJECTS
+        or (len(rest) > 1 and rest[1] not in _IP_VERBS and not rest[1].startswith("-"))
+    ):
         raise CommandRefused("ip is limited to: ip [-br|-j|-s|-4|-6] addr|route|link [show ...]")
 
 
-_HEAD_TAIL_VALUES = _longs("--lines", "--bytes", "--pid", "--sleep-interval",
-                           "--max-unchanged-stats")
-_GREP_VALUES = _longs("--regexp", "--file", "--max-count", "--after-context", "--before-context",
-                      "--context", "--include", "--exclude", "--exclude-dir", "--exclude-from",
-                      "--label", "--binary-files", "--devices", "--directories",
-                      "--group-separator")
-_PS_VALUES = _longs("--sort", "--format", "--pid", "--ppid", "--user", "--User", "--group",
-                    "--Group", "--tty", "--cols", "--columns", "--rows", "--width", "--quick-pid")
+_HEAD_TAIL_VALUES = _longs(
+    "--lines", "--bytes", "--pid", "--sleep-interval", "--max-unchanged-stats"
+)
+_GREP_VALUES = _longs(
+    "--regexp",
+    "--file",
+    "--max-count",
+    "--after-context",
+    "--before-context",
+    "--context",
+    "--include",
+    "--exclude",
+    "--exclude-dir",
+    "--exclude-from",
+    "--label",
+    "--binary-files",
+    "--devices",
+    "--directories",
+    "--group-separator",
+)
+_PS_VALUES = _longs(
+    "--sort",
+    "--format",
+    "--pid",
+    "--ppid",
+    "--user",
+    "--User",
+    "--group",
+    "--Group",
+    "--tty",
+    "--cols",
+    "--columns",
+    "--rows",
+    "--width",
+    "--quick-pid",
+)
 
 RULES: dict[str, Rule] = {
-    "df": Rule(), "du": Rule(), "ls": Rule(), "uptime": Rule(), "free": Rule(), "uname": Rule(),
-    "findmnt": Rule(), "lsblk": Rule(), "stat": Rule(), "wc": Rule(), "iostat": Rule(),
-    "vmstat": Rule(), "lsof": Rule(), "id": Rule(),
+    "df": Rule(),
+    "du": Rule(),
+    "ls": Rule(),
+    "uptime": Rule(),
+    "free": Rule(),
+    "uname": Rule(),
+    "findmnt": Rule(),
+    "lsblk": Rule(),
+    "stat": Rule(),
+    "wc": Rule(),
+    "iostat": Rule(),
+    "vmstat": Rule(),
+    "lsof": Rule(),
+    "id": Rule(),
     "ip": Rule(),  # checked by check_ip: its options are not getopt-style
     "cat": Rule(reads_files=True),
     "head": Rule(value_short="nc", value_long=_HEAD_TAIL_VALUES, reads_files=True),
-    "tail": Rule(value_short="ncs", value_long=_HEAD_TAIL_VALUES, reads_files=True,
-                 refused=_refuse(_FOLLOWS, "-f", "-F", "--follow")),
-    "grep": Rule(value_short="efmABCdD", value_long=_GREP_VALUES, reads_files=True,
-                 refused=_refuse("it follows symlinks out of the readable roots; use -r",
-                                 "-R", "--dereference-recursive")),
+    "tail": Rule(
+        value_short="ncs",
+        value_long=_HEAD_TAIL_VALUES,
+        reads_files=True,
+        refused=_refuse(_FOLLOWS, "-f", "-F", "--follow"),
+    ),
+    "grep": Rule(
+        value_short="efmABCdD",
+        value_long=_GREP_VALUES,
+        reads_files=True,
+        refused=_refuse(
+            "it follows symlinks out of the readable roots; use -r", "-R", "--dereference-recursive"
+        ),
+    ),
     "ps": Rule(value_short="oOpqugUGtC", value_long=_PS_VALUES, check=_check_ps),
     "dmesg": Rule(
-        value_short="lfFs", value_long=_longs("--level", "--facility", "--file", "--buffer-size",
-                                              "--time-format"),
-        refused=_refuse("it clears or reconfigures the kernel log", "-c", "-C", "-D", "-E", "-n",
-                        "--clear", "--read-clear", "--console-off", "--console-on",
-                        "--console-level")
-        | _refuse(_FOLLOWS, "-w", "-W", "--follow", "--follow-new")),
+        value_short="lfFs",
+        value_long=_longs("--level", "--facility", "--file", "--buffer-size", "--time-format"),
+        refused=_refuse(
+            "it clears or reconfigures the kernel log",
+            "-c",
+            "-C",
+            "-D",
+            "-E",
+            "-n",
+            "--clear",
+            "--read-clear",
+            "--console-off",
+            "--console-on",
+            "--console-level",
+        )
+        | _refuse(_FOLLOWS, "-w", "-W", "--follow", "--follow-new"),
+    ),
     "journalctl": Rule(
-        value_short="upnSUtoDMiI", value_long=_longs("--unit", "--user-unit", "--priority",
-                                                     "--lines", "--since", "--until", "--output",
-                                                     "--identifier", "--directory", "--file"),
-        refused=_refuse("it deletes or rewrites journal files", "--vacuum-size", "--vacuum-time",
-                        "--vacuum-files", "--rotate", "--flush", "--sync", "--relinquish-var",
-                        "--smart-relinquish-var", "--setup-keys", "--update-catalog")
-        | _refuse(_FOLLOWS, "-f", "--follow")),
+        value_short="upnSUtoDMiI",
+        value_long=_longs(
+            "--unit",
+            "--user-unit",
+            "--priority",
+            "--lines",
+            "--since",
+            "--until",
+            "--output",
+            "--identifier",
+            "--directory",
+            "--file",
+        ),
+        refused=_refuse(
+            "it deletes or rewrites journal files",
+            "--vacuum-size",
+            "--vacuum-time",
+            "--vacuum-files",
+            "--rotate",
+            "--flush",
+            "--sync",
+            "--relinquish-var",
+            "--smart-relinquish-var",
+            "--setup-keys",
+            "--update-catalog",
+        )
+        | _refuse(_FOLLOWS, "-f", "--follow"),
+    ),
     "systemctl": Rule(
-        value_short="tpPnoHM", value_long=_longs("--type", "--property", "--state", "--lines",
-                                                 "--output", "--host", "--machine"),
+        value_short="tpPnoHM",
+        value_long=_longs(
+            "--type", "--property", "--state", "--lines", "--output", "--host", "--machine"
+        ),
         refused=_refuse("only this host is in scope", "-H", "-M", "--host", "--machine"),
-        check=_check_systemctl),
-    "ss": Rule(value_short="fAFD",
-               refused=_refuse("it kills sockets or writes files", "-K", "--kill", "-D", "--diag")),
+        check=_check_systemctl,
+    ),
+    "ss": Rule(
+        value_short="fAFD",
+        refused=_refuse("it kills sockets or writes files", "-K", "--kill", "-D", "--diag"),
+    ),
     "mount": Rule(value_short="t", value_long=_longs("--types"), check=_check_mount),
-    "hostname": Rule(value_short="F", refused=_refuse("it sets the hostname", "-F", "--file",
-                                                      "-b", "--boot"), check=_check_hostname),
-    "date": Rule(value_short="dfrI", value_long=_longs("--date", "--file", "--reference"),
-                 refused=_refuse("it sets the clock", "-s", "--set"), check=_check_date),
+    "hostname": Rule(
+        value_short="F",
+        refused=_refuse("it sets the hostname", "-F", "--file", "-b", "--boot"),
+        check=_check_hostname,
+    ),
+    "date": Rule(
+        value_short="dfrI",
+        value_long=_longs("--date", "--file", "--reference"),
+        refused=_refuse("it sets the clock", "-s", "--set"),
+        check=_check_date,
+    ),
 }
 
 
@@ -229,8 +358,10 @@ def _grep_paths(parsed: Parsed) -> list[str]:
     if not ({"-e", "--regexp", "-f", "--file"} & set(parsed.options)) and operands:
         operands.pop(0)  # the first operand is the pattern
     if not operands:
-        raise CommandRefused("grep needs at least one file or directory to search, "
-                             "e.g. grep -i error /var/log/syslog")
+        raise CommandRefused(
+            "grep needs at least one file or directory to search, "
+            "e.g. grep -i error /var/log/syslog"
+        )
     pattern_options = ("-f", "--file", "--exclude-from")
     return operands + [v for k in pattern_options for v in parsed.values.get(k, [])]
 
@@ -254,12 +385,14 @@ def check_command(argv: Sequence[str], roots: Sequence[str]) -> None:
         if bad:
             raise CommandRefused(
                 f"argument {arg!r} contains shell metacharacters {' '.join(bad)}: commands run "
-                "without a shell, one command per call, no pipes, redirections or substitutions")
+                "without a shell, one command per call, no pipes, redirections or substitutions"
+            )
     name, args = argv[0], argv[1:]
     rule = RULES.get(name)
     if rule is None:
         raise CommandRefused(
-            f"{name!r} is not an allowed command; allowed: {', '.join(sorted(RULES))}")
+            f"{name!r} is not an allowed command; allowed: {', '.join(sorted(RULES))}"
+        )
     if name == "ip":
         check_ip(args)
         return

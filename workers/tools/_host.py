@@ -65,10 +65,17 @@ def collect_memory() -> dict[str, Any]:
     """RAM and swap, in GiB and percent."""
     mem, swap = psutil.virtual_memory(), psutil.swap_memory()
     return {
-        "memory": {"total_gib": _gib(mem.total), "available_gib": _gib(mem.available),
-                   "used_gib": _gib(mem.used), "percent": mem.percent},
-        "swap": {"total_gib": _gib(swap.total), "used_gib": _gib(swap.used),
-                 "percent": swap.percent},
+        "memory": {
+            "total_gib": _gib(mem.total),
+            "available_gib": _gib(mem.available),
+            "used_gib": _gib(mem.used),
+            "percent": mem.percent,
+        },
+        "swap": {
+            "total_gib": _gib(swap.total),
+            "used_gib": _gib(swap.used),
+            "percent": swap.percent,
+        },
     }
 
 
@@ -77,10 +84,15 @@ def _filesystem(mountpoint: str, device: str, fstype: str) -> dict[str, Any]:
     st = os.statvfs(mountpoint)
     inodes_used = st.f_files - st.f_ffree
     return {
-        "mountpoint": mountpoint, "device": device, "fstype": fstype,
-        "total_gib": _gib(usage.total), "used_gib": _gib(usage.used),
-        "free_gib": _gib(usage.free), "used_percent": usage.percent,
-        "inodes_total": st.f_files, "inodes_used": inodes_used,
+        "mountpoint": mountpoint,
+        "device": device,
+        "fstype": fstype,
+        "total_gib": _gib(usage.total),
+        "used_gib": _gib(usage.used),
+        "free_gib": _gib(usage.free),
+        "used_percent": usage.percent,
+        "inodes_total": st.f_files,
+        "inodes_used": inodes_used,
         # Filesystems without fixed inode tables (btrfs, some overlays) report 0 inodes.
         "inodes_used_percent": round(100.0 * inodes_used / st.f_files, 1) if st.f_files else None,
     }
@@ -118,9 +130,16 @@ def collect_processes(limit: int = _TOP_PROCESSES) -> dict[str, Any]:
             continue
         info = proc.info
         rss = info["memory_info"].rss if info.get("memory_info") else 0
-        rows.append({"pid": info["pid"], "name": info["name"], "user": info["username"],
-                     "cpu_percent": cpu, "rss_mib": round(rss / 1024**2, 1),
-                     "memory_percent": round(info.get("memory_percent") or 0.0, 2)})
+        rows.append(
+            {
+                "pid": info["pid"],
+                "name": info["name"],
+                "user": info["username"],
+                "cpu_percent": cpu,
+                "rss_mib": round(rss / 1024**2, 1),
+                "memory_percent": round(info.get("memory_percent") or 0.0, 2),
+            }
+        )
     return {
         "top_cpu": sorted(rows, key=lambda r: r["cpu_percent"], reverse=True)[:limit],
         "top_memory": sorted(rows, key=lambda r: r["rss_mib"], reverse=True)[:limit],
@@ -129,8 +148,14 @@ def collect_processes(limit: int = _TOP_PROCESSES) -> dict[str, Any]:
 
 
 def _io_counters(io: Any) -> dict[str, int | None]:
-    fields = {"bytes_sent": "bytes_sent", "bytes_recv": "bytes_recv", "errors_in": "errin",
-              "errors_out": "errout", "drops_in": "dropin", "drops_out": "dropout"}
+    fields = {
+        "bytes_sent": "bytes_sent",
+        "bytes_recv": "bytes_recv",
+        "errors_in": "errin",
+        "errors_out": "errout",
+        "drops_in": "dropin",
+        "drops_out": "dropout",
+    }
     return {key: getattr(io, attr, None) for key, attr in fields.items()}
 
 
@@ -141,14 +166,19 @@ def collect_network() -> list[dict[str, Any]]:
     interfaces = []
     for name in sorted(set(stats) | set(addrs)):
         stat = stats.get(name)
-        interfaces.append({
-            "interface": name,
-            "up": stat.isup if stat else None,
-            "speed_mbps": stat.speed if stat else None,
-            "addresses": [a.address for a in addrs.get(name, [])
-                          if a.family in (socket.AF_INET, socket.AF_INET6)],
-            **_io_counters(counters.get(name)),
-        })
+        interfaces.append(
+            {
+                "interface": name,
+                "up": stat.isup if stat else None,
+                "speed_mbps": stat.speed if stat else None,
+                "addresses": [
+                    a.address
+                    for a in addrs.get(name, [])
+                    if a.family in (socket.AF_INET, socket.AF_INET6)
+                ],
+                **_io_counters(counters.get(name)),
+            }
+        )
     return interfaces
 
 

@@ -38,7 +38,8 @@ _WORD = re.compile(r"[^\W_]+")
 _STOPWORD_TEXT = (
     "a an and are as at be by can do does for from has have how i if in into is it its me my "
     "no not of on or our should so that the their then there these this to was we what when "
-    "where which while who why will with you your")
+    "where which while who why will with you your"
+)
 _STOPWORDS = frozenset(_STOPWORD_TEXT.split())
 
 
@@ -55,8 +56,11 @@ class Section:
 def tokens(text: str) -> list[str]:
     """Lower-cased words without stopwords, plural ``s`` stripped so disk matches disks."""
     words = (w.lower() for w in _WORD.findall(text))
-    return [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
-            for w in words if len(w) > 1 and w not in _STOPWORDS]
+    return [
+        w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+        for w in words
+        if len(w) > 1 and w not in _STOPWORDS
+    ]
 
 
 def split_sections(text: str, path: str) -> list[Section]:
@@ -127,8 +131,11 @@ def rank_sections(query: str, sections: list[Section]) -> list[tuple[float, Sect
     lengths = [sum(doc.values()) for doc in docs]
     avg_length = max(sum(lengths) / len(docs), 1.0)
     n = len(docs)
-    idf = {t: math.log(1 + (n - df + 0.5) / (df + 0.5))
-           for t in terms for df in [sum(1 for doc in docs if t in doc)]}
+    idf = {
+        t: math.log(1 + (n - df + 0.5) / (df + 0.5))
+        for t in terms
+        for df in [sum(1 for doc in docs if t in doc)]
+    }
     total_idf = sum(idf.values())
     ranked = []
     for doc, length, section in zip(docs, lengths, sections, strict=True):
@@ -148,8 +155,13 @@ def _excerpt(body: str) -> str:
 
 
 def _search(
-    query: Annotated[str, Field(description="What you are looking for, in plain words: the "
-                                            "symptom, component or alert name.")],
+    query: Annotated[
+        str,
+        Field(
+            description="What you are looking for, in plain words: the "
+            "symptom, component or alert name."
+        ),
+    ],
     context: ToolContext,
     limit: Annotated[int, Field(ge=1, le=10, description="How many sections to return.")] = 3,
 ) -> ToolResult:
@@ -160,8 +172,11 @@ def _search(
     when the excerpt is cut."""
     dirs = path_list(setting(context, "knowledge_dirs"))
     if not dirs:
-        return not_configured("knowledge search", "ONGRID_KNOWLEDGE_DIRS",
-                              "directories of Markdown runbooks, separated by os.pathsep")
+        return not_configured(
+            "knowledge search",
+            "ONGRID_KNOWLEDGE_DIRS",
+            "directories of Markdown runbooks, separated by os.pathsep",
+        )
     existing = [d for d in dirs if os.path.isdir(d)]
     if not existing:
         return error(f"none of the knowledge directories exist: {', '.join(dirs)}")
@@ -169,10 +184,19 @@ def _search(
     if not ranked:
         return ToolResult(content=f"no knowledge section matches {query!r}", data=[])
     results: list[dict[str, Any]] = [
-        {"title": s.title, "path": s.path, "line": s.line, "score": score,
-         "excerpt": _excerpt(s.body)} for score, s in ranked]
-    blocks = [f"{i}. {r['title']} (score {r['score']:.2f})\n   {r['path']}:{r['line']}\n"
-              f"{r['excerpt']}" for i, r in enumerate(results, 1)]
+        {
+            "title": s.title,
+            "path": s.path,
+            "line": s.line,
+            "score": score,
+            "excerpt": _excerpt(s.body),
+        }
+        for score, s in ranked
+    ]
+    blocks = [
+        f"{i}. {r['title']} (score {r['score']:.2f})\n   {r['path']}:{r['line']}\n{r['excerpt']}"
+        for i, r in enumerate(results, 1)
+    ]
     return ToolResult(content="\n\n".join(blocks), data=results)
 
 

@@ -51,9 +51,11 @@ def _series_line(series: dict[str, Any]) -> str:
     if not numbers:
         return f"{_labels(series['metric'])}: no samples"
     last_ts, last = values[-1]
-    return (f"{_labels(series['metric'])}: {len(numbers)} samples "
-            f"{_iso(values[0][0])} .. {_iso(last_ts)}, min={min(numbers):g} "
-            f"max={max(numbers):g} avg={sum(numbers) / len(numbers):g} last={last}")
+    return (
+        f"{_labels(series['metric'])}: {len(numbers)} samples "
+        f"{_iso(values[0][0])} .. {_iso(last_ts)}, min={min(numbers):g} "
+        f"max={max(numbers):g} avg={sum(numbers) / len(numbers):g} last={last}"
+    )
 
 
 def render_prometheus(data: dict[str, Any]) -> str:
@@ -67,21 +69,26 @@ def render_prometheus(data: dict[str, Any]) -> str:
     lines = [f"{kind}: {len(result)} series"]
     lines += [_series_line(series) for series in result[:MAX_SERIES]]
     if len(result) > MAX_SERIES:
-        lines.append(f"... {len(result) - MAX_SERIES} more series not shown; aggregate "
-                     "(sum by, topk) to see fewer")
+        lines.append(
+            f"... {len(result) - MAX_SERIES} more series not shown; aggregate "
+            "(sum by, topk) to see fewer"
+        )
     return "\n".join(lines)
 
 
-def _prometheus_params(query: str, time_: str | None, start: str | None, end: str | None,
-                       step: str | None) -> tuple[str, dict[str, str | None]]:
+def _prometheus_params(
+    query: str, time_: str | None, start: str | None, end: str | None, step: str | None
+) -> tuple[str, dict[str, str | None]]:
     if start is None and end is None and step is None:
         return "/api/v1/query", {"query": query, "time": resolve_time(time_) if time_ else None}
     if start is None:
         raise BackendError("a range query needs start (e.g. start='6h' for six hours ago)")
     now = time.time()
     return "/api/v1/query_range", {
-        "query": query, "start": resolve_time(start, now),
-        "end": resolve_time(end, now) if end else f"{now:.3f}", "step": step or "60s",
+        "query": query,
+        "start": resolve_time(start, now),
+        "end": resolve_time(end, now) if end else f"{now:.3f}",
+        "step": step or "60s",
     }
 
 
@@ -94,18 +101,34 @@ def _prometheus_payload(payload: Any) -> dict[str, Any]:
 
 @function_tool(ToolClass.READ, name="query_promql")
 def query_promql(
-    query: Annotated[str, Field(description="PromQL expression, e.g. "
-                                            "'rate(node_cpu_seconds_total{mode!=\"idle\"}[5m])'.")],
+    query: Annotated[
+        str,
+        Field(
+            description="PromQL expression, e.g. "
+            "'rate(node_cpu_seconds_total{mode!=\"idle\"}[5m])'."
+        ),
+    ],
     context: ToolContext,
-    time: Annotated[str | None, Field(description="Instant to evaluate at: RFC 3339, unix "
-                                                  "seconds, or a duration ago ('1h'). Default "
-                                                  "now.")] = None,
-    start: Annotated[str | None, Field(description="Range start (RFC 3339, unix seconds or a "
-                                                   "duration ago like '6h'); makes this a range "
-                                                   "query.")] = None,
+    time: Annotated[
+        str | None,
+        Field(
+            description="Instant to evaluate at: RFC 3339, unix "
+            "seconds, or a duration ago ('1h'). Default "
+            "now."
+        ),
+    ] = None,
+    start: Annotated[
+        str | None,
+        Field(
+            description="Range start (RFC 3339, unix seconds or a "
+            "duration ago like '6h'); makes this a range "
+            "query."
+        ),
+    ] = None,
     end: Annotated[str | None, Field(description="Range end; default now.")] = None,
-    step: Annotated[str | None, Field(description="Range resolution, e.g. '30s', '5m'; default "
-                                                  "60s.")] = None,
+    step: Annotated[
+        str | None, Field(description="Range resolution, e.g. '30s', '5m'; default 60s.")
+    ] = None,
 ) -> ToolResult:
     """Run a PromQL query against the configured Prometheus. Without start/end/step it is an
     instant query (one value per series, at `time` or now); with `start` it is a range query
@@ -114,12 +137,14 @@ def query_promql(
     (bad syntax, unknown function) are returned verbatim."""
     base = setting(context, "prometheus_url")
     if not base:
-        return not_configured("query_promql", "PROMETHEUS_URL", "the Prometheus base URL, "
-                              "e.g. http://prometheus:9090")
+        return not_configured(
+            "query_promql", "PROMETHEUS_URL", "the Prometheus base URL, e.g. http://prometheus:9090"
+        )
     try:
         path, params = _prometheus_params(query, time, start, end, step)
         payload = _prometheus_payload(
-            http_json(build_url(base, path, params), service="Prometheus"))
+            http_json(build_url(base, path, params), service="Prometheus")
+        )
     except BackendError as exc:
         return exc.result()
     text = render_prometheus(payload.get("data") or {})
@@ -129,8 +154,11 @@ def query_promql(
 
 
 def _render_streams(result: list[dict[str, Any]], limit: int) -> str:
-    entries = [(int(ts), stream.get("stream", {}), line)
-               for stream in result for ts, line in stream.get("values", [])]
+    entries = [
+        (int(ts), stream.get("stream", {}), line)
+        for stream in result
+        for ts, line in stream.get("values", [])
+    ]
     entries.sort(key=lambda e: e[0], reverse=True)
     if not entries:
         return "no log lines matched"
@@ -162,9 +190,14 @@ def _loki(context: ToolContext, tool: str, query: str, since: str, limit: int) -
 
 @function_tool(ToolClass.READ, name="query_logql")
 def query_logql(
-    query: Annotated[str, Field(description="Full LogQL, e.g. '{app=\"nginx\"} |= \"error\"' "
-                                            "or 'sum by (level) (count_over_time({job="
-                                            "\"api\"}[5m]))'.")],
+    query: Annotated[
+        str,
+        Field(
+            description='Full LogQL, e.g. \'{app="nginx"} |= "error"\' '
+            "or 'sum by (level) (count_over_time({job="
+            '"api"}[5m]))\'.'
+        ),
+    ],
     context: ToolContext,
     since: Since = "1h",
     limit: Annotated[int, Field(ge=1, le=MAX_LOG_LINES, description="Max log lines.")] = 100,
@@ -189,11 +222,14 @@ def build_logql(selector: str, contains: str | None) -> str:
 
 @function_tool(ToolClass.READ, name="search_logs")
 def search_logs(
-    selector: Annotated[str, Field(description="LogQL stream selector, e.g. "
-                                               "'{namespace=\"prod\", app=\"api\"}'.")],
+    selector: Annotated[
+        str, Field(description='LogQL stream selector, e.g. \'{namespace="prod", app="api"}\'.')
+    ],
     context: ToolContext,
-    contains: Annotated[str | None, Field(description="Keep only lines containing this exact "
-                                                      "text (case-sensitive).")] = None,
+    contains: Annotated[
+        str | None,
+        Field(description="Keep only lines containing this exact text (case-sensitive)."),
+    ] = None,
     since: Since = "1h",
     limit: Annotated[int, Field(ge=1, le=MAX_LOG_LINES, description="Max log lines.")] = 100,
 ) -> ToolResult:
@@ -210,16 +246,23 @@ def _render_traces(traces: list[dict[str, Any]]) -> str:
     for trace in traces:
         start_ns = int(trace.get("startTimeUnixNano") or 0)
         matched = sum(len(s.get("spans", [])) for s in trace.get("spanSets") or [])
-        lines.append(f"{trace.get('traceID')} {_iso(start_ns / 1e9)} "
-                     f"{trace.get('rootServiceName', '?')} {trace.get('rootTraceName', '?')} "
-                     f"{trace.get('durationMs', '?')} ms, {matched} matching spans")
+        lines.append(
+            f"{trace.get('traceID')} {_iso(start_ns / 1e9)} "
+            f"{trace.get('rootServiceName', '?')} {trace.get('rootTraceName', '?')} "
+            f"{trace.get('durationMs', '?')} ms, {matched} matching spans"
+        )
     return "\n".join(lines)
 
 
 @function_tool(ToolClass.READ, name="query_traceql")
 def query_traceql(
-    query: Annotated[str, Field(description="TraceQL, e.g. '{ resource.service.name = \"api\" "
-                                            "&& status = error }' or '{ duration > 2s }'.")],
+    query: Annotated[
+        str,
+        Field(
+            description='TraceQL, e.g. \'{ resource.service.name = "api" '
+            "&& status = error }' or '{ duration > 2s }'."
+        ),
+    ],
     context: ToolContext,
     since: Since = "1h",
     limit: Annotated[int, Field(ge=1, le=200, description="Max traces.")] = 20,
@@ -229,8 +272,9 @@ def query_traceql(
     spans matched."""
     base = setting(context, "tempo_url")
     if not base:
-        return not_configured("query_traceql", "TEMPO_URL", "the Tempo base URL, "
-                              "e.g. http://tempo:3200")
+        return not_configured(
+            "query_traceql", "TEMPO_URL", "the Tempo base URL, e.g. http://tempo:3200"
+        )
     seconds = to_seconds(since)
     if seconds is None:
         return error(f"since={since!r} is not a duration like 15m, 1h or 7d")

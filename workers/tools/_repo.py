@@ -28,12 +28,15 @@ def resolve_inside(root: str, path: str) -> str | None:
 
 def _list_dir(real: str, shown_as: str) -> ToolResult:
     entries = sorted(os.scandir(real), key=lambda e: e.name)
-    lines = [f"{e.name}/" if e.is_dir(follow_symlinks=False) else e.name
-             for e in entries[:MAX_ENTRIES]]
+    lines = [
+        f"{e.name}/" if e.is_dir(follow_symlinks=False) else e.name for e in entries[:MAX_ENTRIES]
+    ]
     if len(entries) > MAX_ENTRIES:
         lines.append(f"[{len(entries) - MAX_ENTRIES} more entries not shown]")
-    return ToolResult(content=f"{shown_as}/ ({len(entries)} entries)\n" + "\n".join(lines),
-                      data=[e.name for e in entries])
+    return ToolResult(
+        content=f"{shown_as}/ ({len(entries)} entries)\n" + "\n".join(lines),
+        data=[e.name for e in entries],
+    )
 
 
 def _read_file(real: str, shown_as: str, start_line: int, max_lines: int) -> ToolResult:
@@ -43,20 +46,29 @@ def _read_file(real: str, shown_as: str, start_line: int, max_lines: int) -> Too
     with open(real, encoding="utf-8", errors="replace") as handle:
         lines = handle.read().splitlines()
     end = min(len(lines), start_line - 1 + max_lines)
-    numbered = [f"{n:>6}  {cap_text(lines[n - 1], MAX_LINE_CHARS, 'line')}"
-                for n in range(start_line, end + 1)]
+    numbered = [
+        f"{n:>6}  {cap_text(lines[n - 1], MAX_LINE_CHARS, 'line')}"
+        for n in range(start_line, end + 1)
+    ]
     header = f"{shown_as}: lines {start_line}-{end} of {len(lines)}"
     if end < len(lines):
         header += f" (continue with start_line={end + 1})"
-    return ToolResult(content=cap_text("\n".join([header, *numbered]), OUTPUT_CHARS),
-                      data={"path": shown_as, "start_line": start_line, "end_line": end,
-                            "total_lines": len(lines)})
+    return ToolResult(
+        content=cap_text("\n".join([header, *numbered]), OUTPUT_CHARS),
+        data={
+            "path": shown_as,
+            "start_line": start_line,
+            "end_line": end,
+            "total_lines": len(lines),
+        },
+    )
 
 
 @function_tool(ToolClass.READ, name="read_repo")
 def read_repo(
-    path: Annotated[str, Field(description="Path relative to the repository root; '.' lists "
-                                           "the root.")],
+    path: Annotated[
+        str, Field(description="Path relative to the repository root; '.' lists the root.")
+    ],
     context: ToolContext,
     start_line: Annotated[int, Field(ge=1, description="First line to show (1-based).")] = 1,
     max_lines: Annotated[int, Field(ge=1, le=2000, description="How many lines to show.")] = 200,

@@ -77,16 +77,27 @@ class _Capture(threading.Thread):
 
 def _child_env() -> dict[str, str]:
     # A clean environment: the worker's own variables (API keys) are not the command's business.
-    return {"PATH": os.environ.get("PATH") or os.defpath, "LC_ALL": "C.UTF-8",
-            "SYSTEMD_PAGER": "", "SYSTEMD_COLORS": "0", "PAGER": "cat"}
+    return {
+        "PATH": os.environ.get("PATH") or os.defpath,
+        "LC_ALL": "C.UTF-8",
+        "SYSTEMD_PAGER": "",
+        "SYSTEMD_COLORS": "0",
+        "PAGER": "cat",
+    }
 
 
 def run_argv(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Completed:
     """Run ``argv`` without a shell, stdin closed, output capped; kill it at ``timeout``."""
     # A session of its own, so a timeout kills the whole process group, grandchildren included.
-    with subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, env=_child_env(), cwd="/",
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_child_env(),
+        cwd="/",
+        start_new_session=True,
+    ) as proc:
         assert proc.stdout is not None and proc.stderr is not None
         out, err = _Capture(proc.stdout, OUTPUT_LIMIT), _Capture(proc.stderr, OUTPUT_LIMIT // 4)
         out.start()
@@ -131,8 +142,13 @@ def _prepare(command: str, context: ToolContext) -> tuple[list[str], list[str]]:
 
 
 def _run_diagnostic(
-    command: Annotated[str, Field(description="One command line, e.g. 'df -h' or "
-                                              "'journalctl -u nginx --since -1h -n 200'.")],
+    command: Annotated[
+        str,
+        Field(
+            description="One command line, e.g. 'df -h' or "
+            "'journalctl -u nginx --since -1h -n 200'."
+        ),
+    ],
     context: ToolContext,
 ) -> ToolResult:
     """Run ONE read-only diagnostic command on this host and return its exit code, stdout and
@@ -155,8 +171,11 @@ def _run_diagnostic(
     shown = Completed(tuple(argv), done.exit_code, done.stdout, done.stderr)
     data = {"exit_code": done.exit_code, "stdout": done.stdout, "stderr": done.stderr}
     if done.exit_code is None:
-        return ToolResult(content=f"{shown.render()}\n[killed after {COMMAND_TIMEOUT:.0f} s]",
-                          is_error=True, data=data)
+        return ToolResult(
+            content=f"{shown.render()}\n[killed after {COMMAND_TIMEOUT:.0f} s]",
+            is_error=True,
+            data=data,
+        )
     return ToolResult(content=shown.render(), data=data)
 
 
@@ -167,8 +186,9 @@ host_bash = function_tool(ToolClass.READ, name="host_bash")(_run_diagnostic)
 
 @function_tool(ToolClass.WRITE, name="host_restart_service")
 def host_restart_service(
-    unit: Annotated[str, Field(description="systemd unit, e.g. 'nginx' or 'clickhouse-server."
-                                           "service'.")],
+    unit: Annotated[
+        str, Field(description="systemd unit, e.g. 'nginx' or 'clickhouse-server.service'.")
+    ],
     context: ToolContext,
 ) -> ToolResult:
     """Restart one systemd unit on this host (`systemctl restart <unit>`) and report the exit code
@@ -178,13 +198,18 @@ def host_restart_service(
         return error(f"refused: {unit!r} is not a valid systemd unit name")
     systemctl = shutil.which("systemctl", path=_child_env()["PATH"])
     if systemctl is None:
-        return error("systemctl is not on PATH on this host: it does not run systemd, "
-                     "so host_restart_service cannot work here")
+        return error(
+            "systemctl is not on PATH on this host: it does not run systemd, "
+            "so host_restart_service cannot work here"
+        )
     done = run_argv([systemctl, "restart", "--", unit], timeout=SERVICE_TIMEOUT)
     status = run_argv([systemctl, "status", "--no-pager", "--lines=20", "--", unit])
     text = f"{done.render()}\n\n{status.render()}"
-    return ToolResult(content=text, is_error=done.exit_code != 0,
-                      data={"exit_code": done.exit_code, "status_exit_code": status.exit_code})
+    return ToolResult(
+        content=text,
+        is_error=done.exit_code != 0,
+        data={"exit_code": done.exit_code, "status_exit_code": status.exit_code},
+    )
 
 
 @function_tool(ToolClass.DESTRUCTIVE, name="host_reboot")
@@ -196,14 +221,18 @@ def host_reboot(
     with it. Disabled unless the operator set `allow_reboot` for this host (ONGRID_ALLOW_REBOOT);
     when disabled the call does nothing and says so."""
     if not truthy(setting(context, "allow_reboot", False)):
-        return error("host_reboot is disabled on this host: the operator has not set "
-                     "allow_reboot (ONGRID_ALLOW_REBOOT=true). Nothing was done.")
+        return error(
+            "host_reboot is disabled on this host: the operator has not set "
+            "allow_reboot (ONGRID_ALLOW_REBOOT=true). Nothing was done."
+        )
     systemctl = shutil.which("systemctl", path=_child_env()["PATH"])
     if systemctl is None:
         return error("systemctl is not on PATH on this host; cannot reboot it from here")
     done = run_argv([systemctl, "reboot"], timeout=SERVICE_TIMEOUT)
-    return ToolResult(content=f"reboot requested (reason: {reason})\n{done.render()}",
-                      is_error=done.exit_code != 0)
+    return ToolResult(
+        content=f"reboot requested (reason: {reason})\n{done.render()}",
+        is_error=done.exit_code != 0,
+    )
 
 
 TOOLS = (bash, host_bash, host_restart_service, host_reboot)

@@ -51,9 +51,12 @@ def _node(raw: Any, index: int) -> dict[str, Any]:
     labels = raw.get("labels") or {}
     if not isinstance(labels, dict):
         raise TopologyError(f"nodes[{index}].labels must be a mapping")
-    return {"id": str(raw["id"]), "name": str(raw.get("name") or raw["id"]),
-            "kind": str(raw.get("kind") or ""),
-            "labels": {str(k): str(v) for k, v in labels.items()}}
+    return {
+        "id": str(raw["id"]),
+        "name": str(raw.get("name") or raw["id"]),
+        "kind": str(raw.get("kind") or ""),
+        "labels": {str(k): str(v) for k, v in labels.items()},
+    }
 
 
 def _edge(raw: Any, index: int) -> tuple[str, str, str]:
@@ -102,8 +105,13 @@ def _listing(nodes: list[dict[str, Any]], what: str) -> ToolResult:
 
 @function_tool(ToolClass.READ, name="find_topology_node")
 def find_topology_node(
-    query: Annotated[str, Field(description="Text to look for: a node id, a name, a label value "
-                                            "or key=value (case-insensitive substring).")],
+    query: Annotated[
+        str,
+        Field(
+            description="Text to look for: a node id, a name, a label value "
+            "or key=value (case-insensitive substring)."
+        ),
+    ],
     context: ToolContext,
 ) -> ToolResult:
     """Find nodes of the service/device topology whose id, name or labels contain `query`
@@ -122,8 +130,10 @@ def _resolve(topo: Topology, node_id: str) -> str | None:
     if node_id in topo.nodes:
         return node_id
     wanted = node_id.strip().lower()
-    return next((n["id"] for n in topo.nodes.values()
-                 if wanted in (n["id"].lower(), n["name"].lower())), None)
+    return next(
+        (n["id"] for n in topo.nodes.values() if wanted in (n["id"].lower(), n["name"].lower())),
+        None,
+    )
 
 
 def _walk(topo: Topology, start: str, depth: int, direction: str) -> dict[str, Any]:
@@ -143,8 +153,10 @@ def _walk(topo: Topology, start: str, depth: int, direction: str) -> dict[str, A
             if neighbour not in distance:
                 distance[neighbour] = distance[current] + 1
                 queue.append(neighbour)
-    nodes = [{**topo.nodes.get(n, {"id": n, "name": n, "kind": "unknown", "labels": {}}),
-              "distance": d} for n, d in distance.items()]
+    nodes = [
+        {**topo.nodes.get(n, {"id": n, "name": n, "kind": "unknown", "labels": {}}), "distance": d}
+        for n, d in distance.items()
+    ]
     return {"root": start, "direction": direction, "depth": depth, "nodes": nodes, "edges": edges}
 
 
@@ -153,9 +165,13 @@ def expand_topology(
     node_id: Annotated[str, Field(description="Node id (or exact name) to start from.")],
     context: ToolContext,
     depth: Annotated[int, Field(ge=1, le=6, description="How many hops to walk.")] = 1,
-    direction: Annotated[Literal["up", "down", "both"],
-                         Field(description="down: what the node depends on / contains; up: what "
-                                           "depends on it (blast radius); both.")] = "both",
+    direction: Annotated[
+        Literal["up", "down", "both"],
+        Field(
+            description="down: what the node depends on / contains; up: what "
+            "depends on it (blast radius); both."
+        ),
+    ] = "both",
 ) -> ToolResult:
     """Walk the topology breadth-first from one node, up to `depth` hops, and return the nodes
     reached (with their distance) and the edges walked (from, to, kind). Use `up` to find what an
@@ -180,10 +196,16 @@ def _has_label(node: dict[str, Any], label: str) -> bool:
 @function_tool(ToolClass.READ, name="query_devices")
 def query_devices(
     context: ToolContext,
-    kind: Annotated[str | None, Field(description="Only nodes of this kind (e.g. host, "
-                                                  "switch, service); case-insensitive.")] = None,
-    label: Annotated[str | None, Field(description="Only nodes with this label: 'key' or "
-                                                   "'key=value'; case-insensitive.")] = None,
+    kind: Annotated[
+        str | None,
+        Field(
+            description="Only nodes of this kind (e.g. host, switch, service); case-insensitive."
+        ),
+    ] = None,
+    label: Annotated[
+        str | None,
+        Field(description="Only nodes with this label: 'key' or 'key=value'; case-insensitive."),
+    ] = None,
 ) -> ToolResult:
     """List topology nodes (devices, hosts, services), optionally filtered by `kind` and by a
     label. With no filter it lists every node (up to 200); use it to enumerate, e.g. all hosts
@@ -191,9 +213,12 @@ def query_devices(
     topo = _load(context, "query_devices")
     if isinstance(topo, ToolResult):
         return topo
-    nodes = [n for n in topo.nodes.values()
-             if (not kind or n["kind"].lower() == kind.strip().lower())
-             and (not label or _has_label(n, label))]
+    nodes = [
+        n
+        for n in topo.nodes.values()
+        if (not kind or n["kind"].lower() == kind.strip().lower())
+        and (not label or _has_label(n, label))
+    ]
     return _listing(nodes, "nodes")
 
 

@@ -1,0 +1,224 @@
+"""The fake OpenAI server, driven for real through litellm over a socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+# Before importing litellm: otherwise it fetches its model cost map from the network on import.
+os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+
+import litellm  # noqa: E402
+
+from workers.testing.fake_openai import DEFAULT_REPLY, FakeOpenAI, start_subprocess  # noqa: E402
+
+# Warnings litellm itself triggers (filterwarnings=error is on), filtered here only:
+# - its lazily imported TypedDicts (github_copilot auth, ChatCompletionThinkingBlock, ...) use
+#   `ReadOnly`, and building pydantic TypeAdapters over them warns; pydantic raises it, so it can
+#   only be matched by message;
+# - with stream_options.include_usage, its usage-chunk emptiness check reads `model_fields` on an
+#   instance (litellm/litellm_core_utils/model_response_utils.py).
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:Items? .* on TypedDict class .* (is|are) using the `ReadOnly` qualifier:UserWarning"
+    ),
+    pytest.mark.filterwarnings(
+        "ignore:Accessing the 'model_(computed_)?fields' attribute on the instance is deprecated"
+        ":pydantic.warnings.PydanticDeprecatedSince211:litellm.litellm_core_utils.model_response_utils"
+    ),
+]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "host_probe",
+            "description": "Probe a host.",
+            "parameters": {
+                "type": "object",
+                "properties": {"host": {"type": "string"}, "checks": {"type": "array"}},
+                "required": ["host"],
+            },
+        },
+    }
+]
+POEM = "roses are red, db is dead"
+PROBE_ARGS = {"host": "db-1.prod", "checks": ["disk", "memory", "load"]}
+RULES: list[dict[str, Any]] = [
+    {"match": "tool result", "turn": 1, "reply": {"content": "The disk on db-1 is full."}},
+    {
+        "match": "check the disk",
+        "where": "last_user",
+        "reply": {"tool_calls": [{"name": "host_probe", "arguments": PROBE_ARGS}]},
+    },
+    {"match": "you are a poet", "where": "system", "reply": {"content": POEM}},
+    {"match": "repeat after me", "reply": {"echo": True}},
+]
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(RULES) as server:
+        yield server
+
+
+def complete(server_url: str, messages: list[dict[str, Any]], **kwargs: Any) -> Any:
+    return litellm.completion(
+        model="openai/fake",
+        api_base=server_url,
+        api_key="sk-test",
+        messages=messages,
+        tools=TOOLS,
+        **kwargs,
+    )
+
+
+def user(text: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": "You investigate."}, {"role": "user", "content": text}]
+
+
+def test_plain_reply_with_usage(fake: FakeOpenAI) -> None:
+    messages = [{"role": "system", "content": "you are a poet"}, {"role": "user", "content": "hi"}]
+    response = complete(fake.base_url, messages, stream=False)
+    choice = response.choices[0]
+    assert choice.message.content == POEM
+    assert choice.finish_reason == "stop"
+    assert not choice.message.tool_calls
+    assert response.usage.prompt_tokens == 5
+    assert response.usage.completion_tokens == 6
+    assert response.usage.total_tokens == 11
+    assert response.model.endswith("fake")
+
+
+def test_tool_call(fake: FakeOpenAI) -> None:
+    response = complete(fake.base_url, user("please check the disk on db-1"), stream=False)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.id == "call_0_0"
+    assert call.function.name == "host_probe"
+    assert json.loads(call.function.arguments) == PROBE_ARGS
+
+
+def test_streamed_text_arrives_in_several_deltas(fake: FakeOpenAI) -> None:
+    messages = [{"role": "system", "content": "you are a poet"}, {"role": "user", "content": "hi"}]
+    chunks = list(complete(fake.base_url, messages, stream=True))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    deltas = [d for d in deltas if d]
+    assert len(deltas) > 3
+    assert "".join(deltas) == POEM
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+def test_streamed_tool_call_reassembles(fake: FakeOpenAI) -> None:
+    stream = complete(
+        fake.base_url,
+        user("check the disk"),
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    fragments = [
+        call.function.arguments
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+        for call in c.choices[0].delta.tool_calls
+        if call.function.arguments
+    ]
+    assert len(fragments) > 1  # the arguments really were streamed in pieces
+
+    built: Any = litellm.stream_chunk_builder(chunks)  # its union return type is not narrowable
+    assert built is not None
+    choice = built.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert (call.id, call.function.name) == ("call_0_0", "host_probe")
+    assert json.loads(call.function.arguments) == PROBE_ARGS
+    assert built.usage.prompt_tokens == 5  # "You investigate." + "check the disk"
+
+
+def test_rule_matched_by_turn(fake: FakeOpenAI) -> None:
+    conversation = user("check the disk") + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_0_0",
+                    "type": "function",
+                    "function": {"name": "host_probe", "arguments": json.dumps(PROBE_ARGS)},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_0_0", "content": "tool result: /var 100% full"},
+    ]
+    response = complete(fake.base_url, conversation, stream=False)
+    assert response.choices[0].message.content == "The disk on db-1 is full."
+    # The same text on turn 0 does not match the turn-1 rule.
+    response = complete(fake.base_url, user("tool result"), stream=False)
+    assert response.choices[0].message.content == DEFAULT_REPLY
+
+
+def test_echo_default_and_request_record(fake: FakeOpenAI) -> None:
+    echoed = complete(fake.base_url, user("repeat after me: sudo df -h"), stream=False)
+    assert echoed.choices[0].message.content == "repeat after me: sudo df -h"
+    fallback = complete(fake.base_url, user("what is the weather"), stream=False)
+    assert fallback.choices[0].message.content == DEFAULT_REPLY
+
+    recorded = fake.requests()
+    assert [r["messages"][-1]["content"] for r in recorded] == [
+        "repeat after me: sudo df -h",
+        "what is the weather",
+    ]
+    assert recorded[0]["model"] == "fake"
+    assert recorded[0]["tools"][0]["function"]["name"] == "host_probe"
+
+    root = fake.base_url.removesuffix("/v1")
+    assert httpx.get(f"{root}/_requests").json() == recorded
+    httpx.post(f"{root}/_script", json=[{"reply": {"content": "scripted over HTTP"}}])
+    again = complete(fake.base_url, user("anything"), stream=False)
+    assert again.choices[0].message.content == "scripted over HTTP"
+    assert httpx.post(f"{root}/_reset").status_code == 200
+    assert fake.requests() == []
+    assert httpx.get(f"{fake.base_url}/models").json()["data"][0]["id"] == "fake"
+    unversioned = httpx.post(f"{root}/chat/completions", json={"messages": user("x")}).json()
+    assert unversioned["choices"][0]["message"]["content"] == DEFAULT_REPLY
+
+
+def test_subprocess_reloads_a_rewritten_script(tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text("- match: ping\n  reply: {content: first}\n")
+    proc, base_url = start_subprocess(script)
+    try:
+        assert complete(base_url, user("ping"), stream=False).choices[0].message.content == "first"
+        script.write_text(json.dumps([{"match": "ping", "reply": {"content": "second, longer"}}]))
+        second = complete(base_url, user("ping"), stream=False)
+        assert second.choices[0].message.content == "second, longer"
+        recorded = httpx.get(f"{base_url.removesuffix('/v1')}/_requests").json()
+        assert len(recorded) == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_holds_many_slow_requests_at_once() -> None:
+    with FakeOpenAI([{"match": "", "reply": {"content": "done"}}], delay=0.5) as server:
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            replies = list(
+                pool.map(
+                    lambda i: complete(server.base_url, user(f"request {i}"), stream=False),
+                    range(50),
+                )
+            )
+        elapsed = time.monotonic() - started
+    assert [r.choices[0].message.content for r in replies] == ["done"] * 50
+    assert elapsed < 10, f"50 requests of 0.5 s took {elapsed:.1f} s: the fake serialises them"

@@ -1,0 +1,78 @@
+"""The Celery application: Redis broker, settings for long LLM-bound tasks, three queues.
+
+Why these settings:
+
+- ``task_acks_late`` + ``task_reject_on_worker_lost``: a spawn's message is acknowledged after the
+  run, so a crashed worker's spawn is delivered again instead of vanishing;
+- ``worker_prefetch_multiplier=1``: a worker takes no more spawns than it has free slots;
+- one ``visibility_timeout`` in the broker and result-backend transport options, longer than any
+  spawn may run (``SPAWN_TIME_LIMIT``), so Redis never re-delivers a spawn that is still running;
+  quick recovery after a crash comes from the spawn lease (see :mod:`workers.runtime`), not from
+  this timeout;
+- queues: ``ongrid.interactive`` (awaited spawns), ``ongrid.background`` (long investigations, so
+  they never starve interactive ones) and ``ongrid.coordinator`` (coordinator turns, which wait
+  on specialists: a separate worker pool for them means waiting can never deadlock the pool the
+  specialists run on).
+
+Pool: spawns spend almost all their time waiting on the model, so workers use the **threads**
+pool with a high concurrency (``ONGRID_WORKER_CONCURRENCY``, default 256): one process holds
+hundreds of spawns in flight. A pool of one process per spawn (prefork) would not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from registry.settings import Settings
+
+__all__ = ["QUEUES", "SPAWN_TASK", "SPAWN_TIME_LIMIT", "VISIBILITY_TIMEOUT", "make_celery"]
+
+SPAWN_TASK = "ongrid.spawn"
+QUEUES = {
+    "interactive": "ongrid.interactive",
+    "background": "ongrid.background",
+    "coordinator": "ongrid.coordinator",
+}
+#: Hard limit of one spawn attempt, in seconds.
+SPAWN_TIME_LIMIT = 6 * 3600
+#: Longer than any attempt may take, so Redis never re-delivers a spawn that is still running.
+VISIBILITY_TIMEOUT = SPAWN_TIME_LIMIT + 3600
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def _run_spawn(task: Any, spawn_id: str, persona: str) -> dict[str, Any]:
+    """Run or resume one spawn. ``persona`` is only there so Flower shows who runs."""
+    from workers.runtime import worker_runtime
+
+    return worker_runtime().execute(spawn_id)
+
+
+def make_celery(settings: Settings) -> Celery:
+    url = settings.redis_url or DEFAULT_REDIS_URL
+    app = Celery("ongrid", broker=url, backend=url)
+    transport = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        broker_transport_options=transport,
+        result_backend_transport_options=transport,
+        task_queues=[Queue(name, Exchange(name), routing_key=name) for name in QUEUES.values()],
+        task_default_queue=QUEUES["interactive"],
+        task_time_limit=SPAWN_TIME_LIMIT,
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_expires=7 * 86400,
+        task_track_started=True,
+        task_send_sent_event=True,
+        worker_send_task_events=True,
+        broker_connection_retry_on_startup=True,
+        worker_pool="threads",
+        worker_concurrency=256,
+    )
+    app.task(name=SPAWN_TASK, bind=True)(_run_spawn)
+    return app

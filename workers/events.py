@@ -1,0 +1,543 @@
+"""The event bus: the events spawns emit, stored per session and delivered exactly once, in order.
+
+Keys per session (``prefix`` defaults to ``ongrid:``):
+
+* ``{prefix}events:{session_id}`` — a Redis Stream. Entry ``<seq>-0`` holds the event's JSON in the
+  field ``event``; bounded by ``maxlen`` (approximate trimming) and a TTL refreshed on each publish.
+* ``{prefix}seq:{session_id}`` — the counter that hands out ``seq`` 1, 2, 3, … for the session.
+* ``{prefix}dedup:{session_id}`` — a hash a resumed spawn uses to avoid publishing an event twice.
+* ``{prefix}live:{session_id}`` — a pub/sub channel carrying the same JSON as the stream.
+
+Publishing is one Lua script, so an event is numbered, stored and announced atomically. A subscriber
+listens on the channel first, then reads the stream after the last ``seq`` it has, then follows the
+channel. The stream is the truth; the channel is only a wake-up. A live event that skips numbers, a
+reconnect, or a quiet channel (a message may have been lost with a dropped connection) sends the
+subscriber back to the stream, and anything at or below the last delivered ``seq`` is dropped.
+
+That protocol is written once, in :func:`_follow`, as a generator of I/O requests; the blocking
+:meth:`EventBus.subscribe` and the asyncio :meth:`EventBus.asubscribe` only carry the requests out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from registry.errors import UserError
+from workers.messages import EVENT_ADAPTER, Event
+
+__all__ = ["EventBus", "Published"]
+
+#: Stream entries read per XRANGE while catching up.
+_CHUNK = 500
+#: Longest wait on the channel before ``stop`` and the idle timeout are looked at again (seconds).
+_POLL = 0.2
+#: How long a subscriber waits for the server to confirm SUBSCRIBE (seconds).
+_CONFIRM = 5.0
+#: Errors after which a subscriber reconnects and resumes; anything else ends the subscription.
+_RETRYABLE = (RedisConnectionError, RedisTimeoutError)
+
+# KEYS: stream, counter, dedup hash. ARGV: channel, body, maxlen, ttl, dedup key, dedup index.
+# ``body`` is the event's JSON object without "seq"; the script writes "seq" as its first member,
+# so the rest of the JSON (floats, unicode) is stored byte for byte as Python wrote it.
+# Returns {duplicate (0/1), seq}.
+_PUBLISH_LUA = """
+local stream, counter, dedup = KEYS[1], KEYS[2], KEYS[3]
+local channel, body, maxlen, ttl, dkey, didx = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if dkey ~= '' then
+  local seen = redis.call('HGET', dedup, 'max:' .. dkey)
+  if seen and tonumber(seen) >= tonumber(didx) then
+    return {1, tonumber(redis.call('HGET', dedup, 'seq:' .. dkey .. ':' .. didx)) or 0}
+  end
+end
+local function add(seq)
+  local data = '{"seq":' .. seq .. ',' .. string.sub(body, 2)
+  local res = redis.pcall('XADD', stream, 'MAXLEN', '~', maxlen, seq .. '-0', 'event', data)
+  return res, data
+end
+local seq = redis.call('INCR', counter)
+local res, data = add(seq)
+if type(res) == 'table' and res.err then
+  -- The counter is behind the stream (it was evicted or deleted on its own): carry on after the
+  -- stream's last ID instead of failing every publish of the session from now on.
+  local info = redis.call('XINFO', 'STREAM', stream)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then
+      seq = tonumber(string.match(info[i + 1], '^%d+')) + 1
+    end
+  end
+  redis.call('SET', counter, seq)
+  res, data = add(seq)
+  if type(res) == 'table' and res.err then
+    return redis.error_reply(res.err)
+  end
+end
+redis.call('PUBLISH', channel, data)
+redis.call('EXPIRE', stream, ttl)
+redis.call('EXPIRE', counter, ttl)
+if dkey ~= '' then
+  redis.call('HSET', dedup, 'max:' .. dkey, didx, 'seq:' .. dkey .. ':' .. didx, seq)
+  redis.call('EXPIRE', dedup, ttl)
+end
+return {0, seq}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What :meth:`EventBus.publish` did with one event."""
+
+    event: Event
+    """The event with its ``seq`` set. For a duplicate: the ``seq`` the first attempt got (``0``
+    if that is no longer known); the event itself is the one passed in, not the stored copy."""
+    duplicate: bool = False
+    """True when a previous attempt already published this (dedup key, index): nothing was sent."""
+
+    @property
+    def seq(self) -> int:
+        return self.event.seq
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class EventBus:
+    """Per-session event streams on Redis with exactly-once, in-order delivery to subscribers.
+
+    ``client`` publishes and serves :meth:`subscribe`; :meth:`asubscribe` needs ``async_client``
+    (a ``redis.asyncio.Redis`` for the same server, used only from one event loop). Both clients
+    stay the caller's to close. ``maxlen`` bounds each session's stream (trimmed approximately,
+    so a stream may hold up to one stream node, 100 entries by default, more); ``ttl`` (seconds)
+    is refreshed on every publish. A subscriber that loses Redis reconnects and resumes; it gives
+    up, raising the last error, when reconnecting has failed for ``retry_for`` seconds. When the
+    channel is silent for ``recheck`` seconds it reads the stream anyway, which bounds how late an
+    event whose pub/sub message was lost can arrive.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        prefix: str = "ongrid:",
+        *,
+        async_client: redis.asyncio.Redis | None = None,
+        maxlen: int = 10_000,
+        ttl: int = 7 * 24 * 3600,
+        recheck: float = 1.0,
+        retry_for: float = 30.0,
+    ) -> None:
+        if maxlen < 1:
+            raise UserError(f"event bus maxlen must be at least 1, got {maxlen}")
+        if ttl < 1:
+            raise UserError(f"event bus ttl must be at least 1 second, got {ttl}")
+        self._client = client
+        self._aclient = async_client
+        self.prefix = prefix
+        self.maxlen = maxlen
+        self.ttl = ttl
+        self.recheck = recheck
+        self.retry_for = retry_for
+        self._publish = client.register_script(_PUBLISH_LUA)
+
+    # --- keys ---------------------------------------------------------------------------------
+
+    def stream_key(self, session_id: str) -> str:
+        return f"{self.prefix}events:{session_id}"
+
+    def seq_key(self, session_id: str) -> str:
+        return f"{self.prefix}seq:{session_id}"
+
+    def dedup_key(self, session_id: str) -> str:
+        return f"{self.prefix}dedup:{session_id}"
+
+    def channel(self, session_id: str) -> str:
+        return f"{self.prefix}live:{session_id}"
+
+    # --- writing ------------------------------------------------------------------------------
+
+    def publish(
+        self, event: Event, *, dedup_key: str | None = None, dedup_index: int | None = None
+    ) -> Published:
+        """Number, store and announce ``event`` in its session; any ``seq`` it carries is ignored.
+
+        A spawn that may run again after a crash passes ``dedup_key`` (e.g. ``spawn:<id>``) and
+        ``dedup_index``, its own count of events (0, 1, 2, …). An index at or below the highest
+        one already published under that key is a duplicate: nothing is stored or sent, and the
+        result carries the earlier ``seq``. Indexes need not be contiguous, only increasing.
+        """
+        if (dedup_key is None) != (dedup_index is None):
+            raise ValueError("pass dedup_key and dedup_index together, or neither")
+        sid = event.session_id
+        duplicate, seq = self._publish(
+            keys=[self.stream_key(sid), self.seq_key(sid), self.dedup_key(sid)],
+            args=[
+                self.channel(sid),
+                event.model_dump_json(exclude={"seq"}),
+                self.maxlen,
+                self.ttl,
+                dedup_key or "",
+                -1 if dedup_index is None else dedup_index,
+            ],
+        )
+        return Published(event.model_copy(update={"seq": int(seq)}), duplicate=bool(duplicate))
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def last_seq(self, session_id: str) -> int:
+        """The highest ``seq`` handed out in the session, ``0`` before the first event."""
+        value: Any = self._client.get(self.seq_key(session_id))
+        return int(value or 0)
+
+    def history(self, session_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
+        """Stored events with ``seq > after_seq``, oldest first; events past retention are gone."""
+        entries = self._client.xrange(self.stream_key(session_id), *_after(after_seq), count=limit)
+        return _decode_entries(entries)
+
+    def subscribe(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        *,
+        stop: threading.Event | None = None,
+        timeout: float | None = None,
+        until: Callable[[Event], bool] | None = None,
+    ) -> Iterator[Event]:
+        """Yield every event with ``seq > after_seq`` exactly once, in order, then follow live.
+
+        Ends when ``stop`` is set, when ``timeout`` seconds pass without an event, or right after
+        yielding an event for which ``until`` is true. Events trimmed by retention are skipped.
+        """
+        steps = _follow(after_seq, stop, timeout, until, self.recheck, self.retry_for)
+        return _drive(steps, _BlockingIO(self, session_id))
+
+    def asubscribe(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        *,
+        stop: asyncio.Event | threading.Event | None = None,
+        timeout: float | None = None,
+        until: Callable[[Event], bool] | None = None,
+    ) -> AsyncIterator[Event]:
+        """:meth:`subscribe` for asyncio, on ``async_client``; cancelling ends only the reader."""
+        if self._aclient is None:
+            raise UserError("EventBus.asubscribe needs async_client=redis.asyncio.Redis(...)")
+        steps = _follow(after_seq, stop, timeout, until, self.recheck, self.retry_for)
+        return _adrive(steps, _AsyncIO(self, self._aclient, session_id))
+
+
+# --- the subscriber protocol, free of I/O ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Listen:
+    """(Re)subscribe to the live channel; done once the server has confirmed it."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """Reply with up to ``count`` stored events with ``seq > after``, oldest first."""
+
+    after: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Receive:
+    """Reply with the next live event, or ``None`` if none came within ``timeout`` seconds."""
+
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Pause:
+    """Drop the subscription and wait ``seconds`` before the next attempt."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Deliver:
+    """Hand ``event`` to the consumer."""
+
+    event: Event
+
+
+_Op = _Listen | _Read | _Receive | _Pause | _Deliver
+_Steps = Generator[_Op, Any, None]
+
+
+class _Cursor:
+    """What a subscriber has delivered so far and when it should end."""
+
+    def __init__(
+        self,
+        last: int,
+        stop: _Flag | None,
+        timeout: float | None,
+        until: Callable[[Event], bool] | None,
+    ) -> None:
+        self.last, self.stop, self.timeout, self.until = last, stop, timeout, until
+        self.done = False
+        self._idle_since = time.monotonic()
+
+    def over(self) -> bool:
+        """True, and ``done`` from now on, once ``stop`` is set or the idle timeout has passed."""
+        stopped = self.stop is not None and self.stop.is_set()
+        idle = self.timeout is not None and time.monotonic() >= self._idle_since + self.timeout
+        self.done = self.done or stopped or idle
+        return self.done
+
+    def wait_time(self) -> float | None:
+        """How long to wait for the next live event; ``None`` when the subscription is over."""
+        if self.over():
+            return None
+        if self.timeout is None:
+            return _POLL
+        return max(0.0, min(_POLL, self._idle_since + self.timeout - time.monotonic()))
+
+    def deliver(self, events: Sequence[Event]) -> _Steps:
+        """Deliver the events that come after ``last``; duplicates and stale ones are dropped."""
+        for event in events:
+            if self.done or (self.stop is not None and self.stop.is_set()):
+                self.done = True
+                return
+            if event.seq <= self.last:
+                continue
+            self.last = event.seq
+            yield _Deliver(event)
+            self._idle_since = time.monotonic()
+            if self.until is not None and self.until(event):
+                self.done = True
+
+    def catch_up(self) -> _Steps:
+        """Deliver everything the stream holds after ``last``."""
+        while not self.done:
+            batch = yield _Read(self.last, _CHUNK)
+            yield from self.deliver(batch)
+            if len(batch) < _CHUNK:
+                return
+
+    def follow_live(self, recheck: float) -> _Steps:
+        """Deliver live events; go back to the stream on a gap or after ``recheck`` s of quiet."""
+        quiet_since = time.monotonic()
+        while (wait := self.wait_time()) is not None:
+            event = yield _Receive(wait)
+            now = time.monotonic()
+            if event is None:
+                if now - quiet_since >= recheck:
+                    yield from self.catch_up()
+                    quiet_since = now
+                continue
+            quiet_since = now
+            if event.seq > self.last + 1:
+                yield from self.catch_up()
+            # Also after a catch-up: the stream may have expired while the channel still talks.
+            yield from self.deliver([event])
+
+
+def _follow(
+    after_seq: int,
+    stop: _Flag | None,
+    timeout: float | None,
+    until: Callable[[Event], bool] | None,
+    recheck: float,
+    retry_for: float,
+) -> _Steps:
+    """The whole subscriber: listen, catch up, follow; on a Redis error reconnect and resume."""
+    cursor = _Cursor(after_seq, stop, timeout, until)
+    failing_since: float | None = None
+    failures = 0
+    while not cursor.done:
+        try:
+            # Listen before reading: an event stored after the read is then surely announced.
+            yield _Listen()
+            yield from cursor.catch_up()
+            failing_since, failures = None, 0
+            yield from cursor.follow_live(recheck)
+        except _RETRYABLE:
+            now = time.monotonic()
+            failing_since = now if failing_since is None else failing_since
+            if now - failing_since >= retry_for:
+                raise
+            failures += 1
+            yield _Pause(min(1.0, 0.05 * 2**failures))
+            cursor.over()  # ``stop`` and the idle timeout also end a subscriber that is down
+
+
+# --- carrying the protocol out ----------------------------------------------------------------
+
+
+def _drive(steps: _Steps, io: _BlockingIO) -> Iterator[Event]:
+    reply: Any = None
+    failure: BaseException | None = None
+    try:
+        while True:
+            try:
+                op = steps.send(reply) if failure is None else steps.throw(failure)
+            except StopIteration:
+                return
+            reply, failure = None, None
+            if isinstance(op, _Deliver):
+                yield op.event
+                continue
+            try:
+                reply = io.run(op)
+            except _RETRYABLE as exc:
+                failure = exc
+    finally:
+        steps.close()
+        io.close()
+
+
+async def _adrive(steps: _Steps, io: _AsyncIO) -> AsyncIterator[Event]:
+    reply: Any = None
+    failure: BaseException | None = None
+    try:
+        while True:
+            try:
+                op = steps.send(reply) if failure is None else steps.throw(failure)
+            except StopIteration:
+                return
+            reply, failure = None, None
+            if isinstance(op, _Deliver):
+                yield op.event
+                continue
+            try:
+                reply = await io.run(op)
+            except _RETRYABLE as exc:
+                failure = exc
+    finally:
+        steps.close()
+        await io.aclose()
+
+
+class _PubSubIO:
+    """What both drivers share: the session, the subscription, and noticing silent reconnects."""
+
+    def __init__(self, bus: EventBus, session_id: str) -> None:
+        self._bus, self._session = bus, session_id
+        self._pubsub: Any = None
+        self._reconnected = False
+
+    def _watch(self) -> None:
+        self._reconnected = False
+        self._pubsub.connection.register_connect_callback(self._on_connect)
+
+    def _on_connect(self, connection: Any) -> None:
+        # redis-py re-subscribes on its own after a dropped connection and does not say so;
+        # whatever was published meanwhile is lost on the channel. Treat it as the error it hides.
+        self._reconnected = True
+
+    def _live_event(self, message: dict[str, Any] | None) -> Event | None:
+        if self._reconnected:
+            raise RedisConnectionError("pub/sub connection was re-established; resuming")
+        return _decode_message(message)
+
+    def _detach(self) -> Any:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None and pubsub.connection is not None:
+            pubsub.connection.deregister_connect_callback(self._on_connect)
+        return pubsub
+
+
+class _BlockingIO(_PubSubIO):
+    def run(self, op: _Op) -> Any:
+        bus, sid = self._bus, self._session
+        match op:
+            case _Listen():
+                self.close()
+                self._pubsub = bus._client.pubsub()
+                self._pubsub.subscribe(bus.channel(sid))
+                deadline = time.monotonic() + _CONFIRM
+                while not _is_confirmation(self._pubsub.get_message(timeout=_left(deadline))):
+                    pass
+                self._watch()
+            case _Read(after, count):
+                return _decode_entries(
+                    bus._client.xrange(bus.stream_key(sid), *_after(after), count=count)
+                )
+            case _Receive(wait):
+                return self._live_event(self._pubsub.get_message(timeout=wait))
+            case _Pause(seconds):
+                self.close()
+                time.sleep(seconds)
+        return None
+
+    def close(self) -> None:
+        if (pubsub := self._detach()) is not None:
+            pubsub.close()
+
+
+class _AsyncIO(_PubSubIO):
+    def __init__(self, bus: EventBus, client: redis.asyncio.Redis, session_id: str) -> None:
+        super().__init__(bus, session_id)
+        self._client = client
+
+    async def run(self, op: _Op) -> Any:
+        bus, sid = self._bus, self._session
+        match op:
+            case _Listen():
+                await self.aclose()
+                self._pubsub = self._client.pubsub()
+                await self._pubsub.subscribe(bus.channel(sid))
+                deadline = time.monotonic() + _CONFIRM
+                while not _is_confirmation(await self._pubsub.get_message(timeout=_left(deadline))):
+                    pass
+                self._watch()
+            case _Read(after, count):
+                return _decode_entries(
+                    await self._client.xrange(bus.stream_key(sid), *_after(after), count=count)
+                )
+            case _Receive(wait):
+                return self._live_event(await self._pubsub.get_message(timeout=wait))
+            case _Pause(seconds):
+                await self.aclose()
+                await asyncio.sleep(seconds)
+        return None
+
+    async def aclose(self) -> None:
+        if (pubsub := self._detach()) is not None:
+            await pubsub.aclose()
+
+
+# --- small helpers ----------------------------------------------------------------------------
+
+
+def _after(seq: int) -> tuple[str, str]:
+    """XRANGE bounds for every entry with ``seq`` greater than the given one."""
+    return f"{seq + 1}-0", "+"
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RedisTimeoutError(f"no SUBSCRIBE confirmation within {_CONFIRM}s")
+    return left
+
+
+def _is_confirmation(message: dict[str, Any] | None) -> bool:
+    return message is not None and message["type"] == "subscribe"
+
+
+def _decode_message(message: dict[str, Any] | None) -> Event | None:
+    if message is None or message["type"] != "message":
+        return None
+    return EVENT_ADAPTER.validate_json(message["data"])
+
+
+def _decode_entries(entries: Any) -> list[Event]:
+    """Stream entries to events; field names are bytes or str depending on ``decode_responses``."""
+    return [
+        EVENT_ADAPTER.validate_json(fields[b"event"] if b"event" in fields else fields["event"])
+        for _id, fields in entries
+    ]

@@ -1,0 +1,244 @@
+"""The ReAct loop: reason (a model call) → act (tool calls) → observe, until a final answer.
+
+A plain function over a model, a tool bag, an event sink and a checkpoint callback: it knows
+nothing of Celery or Redis, so it is tested on its own. The whole state lives in
+:class:`LoopState`, which the caller persists at each checkpoint; calling :func:`run_loop` again
+with a restored state resumes where the last checkpoint left off:
+
+- a model reply is checkpointed as soon as it is complete, so a finished call is not paid again;
+- a tool call is marked *started* (checkpointed) before it runs and its result checkpointed after,
+  so a call that completed is never executed again; a call that was running when the worker died
+  is reported to the model as interrupted, with its outcome unknown, instead of being re-run;
+- events carry a spawn-local index saved with the state, so the sink can drop the events a
+  resumed attempt emits a second time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from registry.errors import ToolArgumentError
+from registry.policy import Confirmation, ToolBag
+from registry.tools import ToolContext
+from workers.messages import (
+    ConfirmationRequired,
+    Event,
+    Message,
+    TextDelta,
+    ToolCall,
+    ToolCallEvent,
+    ToolResultEvent,
+    Usage,
+)
+from workers.model import Model, ModelReply, ModelRequest
+
+__all__ = ["Approval", "LoopSetup", "LoopState", "Outcome", "run_loop", "system_reminder_message"]
+
+
+class Approval(BaseModel):
+    """People's decisions on one tool call that needs confirmation."""
+
+    approved_by: list[str] = Field(default_factory=list)
+    denied_by: str | None = None
+
+
+class LoopState(BaseModel):
+    """Everything needed to resume a spawn on any worker."""
+
+    messages: list[Message]
+    turns: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    turn_usage: list[Usage] = Field(default_factory=list)
+    pending: list[ToolCall] = Field(default_factory=list)
+    started: list[str] = Field(default_factory=list)
+    approvals: dict[str, Approval] = Field(default_factory=dict)
+    final: str | None = None
+    event_index: int = 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Literal["final", "failed", "interrupted"]
+    text: str = ""
+    call: ToolCall | None = None
+
+
+@dataclass(frozen=True)
+class LoopSetup:
+    """The fixed inputs of one spawn's loop."""
+
+    session_id: str
+    spawn_id: str
+    model_id: str
+    max_turns: int
+    reminder: str
+    bag: ToolBag
+    tool_context: ToolContext
+
+
+#: (event, spawn-local index) → None. The index lets the sink drop replays after a resume.
+EventSink = Callable[[Event, int], None]
+Checkpoint = Callable[[LoopState], None]
+
+
+def system_reminder_message(reminder: str) -> Message:
+    """The per-turn reminder, in the ``<system-reminder>`` wrapper models are trained on."""
+    return Message(role="user", content=f"<system-reminder>\n{reminder}\n</system-reminder>")
+
+
+def _tool_schemas(bag: ToolBag) -> list[dict[str, object]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": e.tool.name,
+                "description": e.tool.description,
+                "parameters": e.tool.parameters,
+            },
+        }
+        for e in bag
+    ]
+
+
+class _Run:
+    def __init__(self, setup: LoopSetup, state: LoopState, sink: EventSink, save: Checkpoint):
+        self.setup, self.state, self._sink, self._save = setup, state, sink, save
+
+    def emit(self, event_type: type, **fields: object) -> None:
+        event = event_type(session_id=self.setup.session_id, spawn_id=self.setup.spawn_id, **fields)
+        self._sink(event, self.state.event_index)
+        self.state.event_index += 1
+
+    def checkpoint(self) -> None:
+        self._save(self.state)
+
+    # -- one model call ---------------------------------------------------------------------
+
+    def think(self, model: Model) -> None:
+        request = ModelRequest(
+            model=self.setup.model_id,
+            messages=[*self.state.messages, system_reminder_message(self.setup.reminder)],
+            tools=_tool_schemas(self.setup.bag),
+        )
+        reply: ModelReply | None = None
+        for item in model.stream(request):
+            if isinstance(item, ModelReply):
+                reply = item
+            elif item:
+                self.emit(TextDelta, text=item)
+        if reply is None:
+            raise RuntimeError(f"model adapter for {self.setup.model_id} returned no reply")
+        state = self.state
+        state.turns += 1
+        state.usage = state.usage + reply.usage
+        state.turn_usage.append(reply.usage)
+        state.messages.append(reply.message)
+        for call in reply.message.tool_calls:
+            self.emit(ToolCallEvent, call_id=call.id, name=call.name, arguments=call.arguments)
+        state.pending = list(reply.message.tool_calls)
+        if not reply.message.tool_calls:
+            state.final = reply.message.content
+        self.checkpoint()
+
+    # -- tool calls ---------------------------------------------------------------------------
+
+    def act(self) -> Outcome | None:
+        """Run the pending calls in order; stop at one that waits for a person."""
+        while self.state.pending:
+            call = self.state.pending[0]
+            blocked = self._needs_decision(call)
+            if blocked is not None:
+                return blocked
+            if call.id in self.state.started:
+                content, is_error = (
+                    "interrupted: the worker running this call was lost; its outcome is unknown. "
+                    "Check the current state before calling it again.",
+                    True,
+                )
+            else:
+                self.state.started.append(call.id)
+                self.checkpoint()  # write-ahead: never run a call twice
+                content, is_error = self._execute(call)
+            self.emit(
+                ToolResultEvent, call_id=call.id, name=call.name, content=content, is_error=is_error
+            )
+            self.state.messages.append(
+                Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
+            )
+            self.state.pending.pop(0)
+            self.checkpoint()
+        return None
+
+    def _needs_decision(self, call: ToolCall) -> Outcome | None:
+        entry = self.setup.bag.entry(call.name)
+        if entry is None or entry.confirmation is Confirmation.NONE:
+            return None
+        approval = self.state.approvals.get(call.id, Approval())
+        needed = 2 if entry.confirmation is Confirmation.DUAL else 1
+        if approval.denied_by is not None or len(set(approval.approved_by)) >= needed:
+            return None
+        if call.id not in self.state.approvals:
+            self.state.approvals[call.id] = approval
+            self.emit(
+                ConfirmationRequired,
+                call_id=call.id,
+                name=call.name,
+                arguments=call.arguments,
+                confirmation=entry.confirmation.value,
+            )
+            self.checkpoint()
+        return Outcome(
+            "interrupted", f"{call.name} needs confirmation ({entry.confirmation})", call
+        )
+
+    def _execute(self, call: ToolCall) -> tuple[str, bool]:
+        entry = self.setup.bag.entry(call.name)
+        if entry is None:
+            names = ", ".join(self.setup.bag.names()) or "none"
+            return f"tool {call.name!r} is not in your tool bag; available: {names}", True
+        approval = self.state.approvals.get(call.id)
+        if approval is not None and approval.denied_by is not None:
+            return f"the call was denied by {approval.denied_by}; do not retry it", True
+        try:
+            raw = json.loads(call.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            return f"arguments of {call.name} are not valid JSON: {exc}", True
+        if not isinstance(raw, dict):
+            return f"arguments of {call.name} must be a JSON object", True
+        try:
+            args = entry.tool.validate_arguments(raw)
+            result = entry.tool.run(args, self.setup.tool_context)
+        except ToolArgumentError as exc:
+            return str(exc), True
+        except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, not a crash
+            return f"{call.name} failed: {type(exc).__name__}: {exc}", True
+        return result.content, result.is_error
+
+
+def run_loop(
+    setup: LoopSetup,
+    state: LoopState,
+    model: Model,
+    sink: EventSink,
+    checkpoint: Checkpoint,
+) -> Outcome:
+    """Run (or resume) the loop until a final answer, a failure, or a call awaiting a person."""
+    run = _Run(setup, state, sink, checkpoint)
+    while True:
+        waiting = run.act()
+        if waiting is not None:
+            return waiting
+        if state.final is not None:
+            return Outcome("final", state.final)
+        if state.turns >= setup.max_turns:
+            return Outcome(
+                "failed",
+                f"ran out of turns: max_turns={setup.max_turns} model calls ended without a "
+                "final answer",
+            )
+        run.think(model)

@@ -1,0 +1,153 @@
+"""Provider-neutral wire types: chat messages, tool calls, usage, and the events a spawn emits.
+
+The same types travel through Celery payloads, Redis and the SSE ``data:`` line. Events are a
+tagged union on ``type`` read and written through :data:`EVENT_ADAPTER`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+__all__ = [
+    "EVENT_ADAPTER",
+    "AgentTile",
+    "ConfirmationRequired",
+    "Event",
+    "Message",
+    "TaskNotification",
+    "TextDelta",
+    "ToolCall",
+    "ToolCallEvent",
+    "ToolResultEvent",
+    "Usage",
+]
+
+
+class ToolCall(BaseModel):
+    """A model's request to call a tool. ``arguments`` is the JSON text the model produced."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+
+class Message(BaseModel):
+    """One chat message in OpenAI's shape, which litellm speaks for every provider."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+            out["content"] = self.content or None
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            out["name"] = self.name
+        return out
+
+
+class Usage(BaseModel):
+    """Tokens and cost (USD, litellm's accounting) of one model call or a sum of them."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    cost: float = 0.0
+    model_calls: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cost=self.cost + other.cost,
+            model_calls=self.model_calls + other.model_calls,
+        )
+
+
+class _Envelope(BaseModel):
+    """Fields every event carries. ``seq`` is per session, assigned when the event is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str
+    spawn_id: str = ""
+    seq: int = 0
+    ts: float = Field(default_factory=time.time)
+
+
+class TextDelta(_Envelope):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class AgentTile(_Envelope):
+    """One per dispatch: which persona runs, why it was chosen, and its resolved bag."""
+
+    type: Literal["agent_tile"] = "agent_tile"
+    persona: str
+    description: str
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    reason: str = ""
+    background: bool = False
+
+
+class ToolCallEvent(_Envelope):
+    type: Literal["tool_call"] = "tool_call"
+    call_id: str
+    name: str
+    arguments: str
+
+
+class ToolResultEvent(_Envelope):
+    type: Literal["tool_result"] = "tool_result"
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+
+
+class ConfirmationRequired(_Envelope):
+    type: Literal["confirmation_required"] = "confirmation_required"
+    call_id: str
+    name: str
+    arguments: str
+    confirmation: Literal["once", "dual"]
+
+
+class TaskNotification(_Envelope):
+    type: Literal["task_notification"] = "task_notification"
+    status: Literal["ok", "failed", "cancelled"]
+    persona: str = ""
+    message: str = ""
+    usage: Usage = Field(default_factory=Usage)
+
+
+Event = Annotated[
+    TextDelta
+    | AgentTile
+    | ToolCallEvent
+    | ToolResultEvent
+    | ConfirmationRequired
+    | TaskNotification,
+    Field(discriminator="type"),
+]
+
+#: Reads and writes any event as JSON.
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)

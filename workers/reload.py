@@ -1,0 +1,78 @@
+"""Registry reload broadcast: a versioned counter in Redis plus a pub/sub nudge.
+
+The counter is the truth: a process that missed the broadcast (it was down) sees a newer version
+when it starts or at its next spawn and reloads then. The pub/sub message only makes live
+processes reload at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+
+from registry.agent_registry import AgentRegistry
+
+__all__ = ["RegistryFollower", "broadcast_reload"]
+
+log = logging.getLogger(__name__)
+
+
+def _keys(prefix: str) -> tuple[str, str]:
+    return f"{prefix}registry:version", f"{prefix}registry:reload"
+
+
+def broadcast_reload(client: redis.Redis, prefix: str = "ongrid:") -> int:
+    """Bump the registry version and tell every live process. Returns the new version."""
+    version_key, channel = _keys(prefix)
+    version = int(client.incr(version_key))
+    client.publish(channel, str(version))
+    return version
+
+
+class RegistryFollower:
+    """Keeps one process's registry at the cluster's registry version."""
+
+    def __init__(self, client: redis.Redis, registry: AgentRegistry, prefix: str = "ongrid:"):
+        self.r = client
+        self.registry = registry
+        self.version_key, self.channel = _keys(prefix)
+        self.seen = self._current()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _current(self) -> int:
+        return int(self.r.get(self.version_key) or 0)
+
+    def catch_up(self) -> bool:
+        """Reload if the cluster moved on since we last looked. True when a reload happened."""
+        current = self._current()
+        with self._lock:
+            if current == self.seen:
+                return False
+            self.registry.reload()
+            self.seen = current
+            log.info("registry reloaded to cluster version %s", current)
+            return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._listen, name="registry-follower", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            try:
+                pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                self.catch_up()  # anything broadcast while we were not subscribed
+                while not self._stop.is_set():
+                    if pubsub.get_message(timeout=1.0):
+                        self.catch_up()
+            except redis.RedisError as exc:
+                log.warning("registry follower lost Redis (%s); retrying", exc)
+                self._stop.wait(1.0)

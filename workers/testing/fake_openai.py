@@ -1,0 +1,416 @@
+"""A scripted, OpenAI-compatible chat-completions server: the fake LLM at the model boundary.
+
+Replies are chosen by rules (first match wins), loaded from a JSON/YAML file (re-read whenever it
+changes) or set with ``POST /_script``::
+
+    [{"match": "disk", "where": "last_user", "turn": 0,
+      "reply": {"tool_calls": [{"name": "host_probe", "arguments": {"host": "db1"}}]}},
+     {"match": "", "reply": {"content": "All good."}, "delay": 0.2},
+     {"match": "ping", "reply": {"echo": true}}]
+
+``where`` is ``any`` (all message contents), ``last_user`` or ``system``; ``turn`` is the number of
+assistant messages already in the conversation; a rule ``delay`` replaces the global one. Other
+endpoints: ``GET /v1/models``, ``GET /_requests`` (every request body, in order), ``POST /_reset``
+(forget requests and rules set over HTTP). Run ``python -m workers.testing.fake_openai --help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import uvicorn
+import yaml
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+__all__ = ["DEFAULT_REPLY", "FakeOpenAI", "Rule", "create_app", "main", "start_subprocess"]
+
+DEFAULT_REPLY = "(fake-openai) no rule matched"
+
+
+class ToolCallReply(BaseModel):
+    """One tool call the fake model makes."""
+
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    """A JSON object, or the raw argument string to send as is (e.g. deliberately invalid JSON)."""
+
+
+class Reply(BaseModel):
+    """What the fake model answers when its rule matches."""
+
+    content: str | None = None
+    tool_calls: list[ToolCallReply] = Field(default_factory=list)
+    echo: bool = False
+    """Answer with the last user message's content instead of ``content``."""
+
+
+class Rule(BaseModel):
+    """A scripted reply, chosen when ``match`` is in the ``where`` text (and ``turn`` fits)."""
+
+    match: str = ""
+    where: Literal["any", "last_user", "system"] = "any"
+    turn: int | None = None
+    """Number of assistant messages already in the conversation; any turn when unset."""
+    reply: Reply
+    delay: float | None = None
+    """Seconds before the first byte; replaces the server's global delay."""
+
+    def applies(self, messages: list[dict[str, Any]], turn: int) -> bool:
+        """Whether this rule answers ``messages`` with ``turn`` assistant messages in them."""
+        return self.turn in (None, turn) and self.match in _haystack(messages, self.where)
+
+
+class ScriptError(Exception):
+    """The script file or a ``POST /_script`` body is not a valid rule list."""
+
+
+_RULES = TypeAdapter(list[Rule])
+
+
+def parse_rules(data: Any) -> list[Rule]:
+    """Validate a rule list (or ``{"rules": [...]}``) into rules."""
+    if isinstance(data, dict) and "rules" in data:
+        data = data["rules"]
+    try:
+        return _RULES.validate_python(data or [])
+    except ValidationError as exc:
+        raise ScriptError(f"invalid fake-openai script: {exc}") from exc
+
+
+class _Script:
+    """The current rules: the file's, reloaded when it changes, unless set over HTTP since."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.rules: list[Rule] = []
+        self._stamp: tuple[int, int] | None = None
+
+    def current(self) -> list[Rule]:
+        if self.path is None:
+            return self.rules
+        try:
+            stat = self.path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size)
+            if stamp != self._stamp:
+                self.rules = parse_rules(yaml.safe_load(self.path.read_text()))
+                self._stamp = stamp
+        except (OSError, yaml.YAMLError) as exc:
+            raise ScriptError(f"cannot load fake-openai script {self.path}: {exc}") from exc
+        return self.rules
+
+    def reset(self) -> None:
+        self.rules, self._stamp = [], None
+
+
+def _text(content: Any) -> str:
+    """Plain text of a message content: a string or a list of ``{"type": "text"}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _haystack(messages: list[dict[str, Any]], where: str) -> str:
+    if where == "last_user":
+        users = [m for m in messages if m.get("role") == "user"]
+        return _text(users[-1].get("content")) if users else ""
+    roles = ("system", "developer") if where == "system" else None
+    return "\n".join(
+        _text(m.get("content")) for m in messages if roles is None or m.get("role") in roles
+    )
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A reply resolved for one request: the text, tool calls in OpenAI's shape, the delay."""
+
+    content: str | None
+    calls: list[dict[str, Any]]
+    delay: float
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.calls else "stop"
+
+    def usage(self, messages: list[dict[str, Any]]) -> dict[str, int]:
+        prompt = sum(_words(_text(m.get("content"))) for m in messages)
+        args = (call["function"]["arguments"] for call in self.calls)
+        completion = _words(self.content or "") + sum(1 + _words(a) for a in args)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+
+def _tool_call(call_id: str, call: ToolCallReply) -> dict[str, Any]:
+    args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+    return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": args}}
+
+
+class _Service:
+    """The fake's state and endpoints."""
+
+    def __init__(self, script_path: Path | None, delay: float) -> None:
+        self.script = _Script(script_path)
+        self.delay = delay
+        self.received: list[dict[str, Any]] = []
+        self._ids = itertools.count(1)
+
+    def answer(self, messages: list[dict[str, Any]]) -> _Answer:
+        """Apply the first matching rule (or the default reply) to a conversation."""
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        rule = next((r for r in self.script.current() if r.applies(messages, turn)), None)
+        reply = rule.reply if rule else Reply(content=DEFAULT_REPLY)
+        content = _haystack(messages, "last_user") if reply.echo else reply.content
+        calls = [_tool_call(f"call_{turn}_{i}", c) for i, c in enumerate(reply.tool_calls)]
+        delay = rule.delay if rule and rule.delay is not None else self.delay
+        return _Answer(content, calls, delay)
+
+    async def chat(self, request: Request) -> Response:
+        body: dict[str, Any] = await request.json()
+        self.received.append(body)
+        messages: list[dict[str, Any]] = body.get("messages") or []
+        answer = self.answer(messages)
+        meta = {
+            "id": f"chatcmpl-{next(self._ids)}",
+            "created": int(time.time()),
+            "model": body.get("model", "fake"),
+        }
+        usage = answer.usage(messages)
+        if answer.delay > 0:
+            await asyncio.sleep(answer.delay)
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            chunks = _stream(meta, answer, usage if include_usage else None)
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        message: dict[str, Any] = {"role": "assistant", "content": answer.content}
+        if answer.calls:
+            message["tool_calls"] = answer.calls
+        choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason}
+        return JSONResponse(
+            {**meta, "object": "chat.completion", "choices": [choice], "usage": usage}
+        )
+
+    async def models(self, request: Request) -> Response:
+        model = {"id": "fake", "object": "model", "created": 0, "owned_by": "fake-openai"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    async def requests(self, request: Request) -> Response:
+        return JSONResponse(self.received)
+
+    async def set_script(self, request: Request) -> Response:
+        self.script.rules = parse_rules(await request.json())
+        return JSONResponse({"rules": len(self.script.rules)})
+
+    async def reset(self, request: Request) -> Response:
+        self.received.clear()
+        self.script.reset()
+        return JSONResponse({"ok": True})
+
+
+async def _stream(
+    meta: dict[str, Any], answer: _Answer, usage: dict[str, int] | None
+) -> AsyncIterator[str]:
+    """SSE lines the way OpenAI streams: role, word deltas, tool call head then argument pieces.
+
+    Async so that Starlette does not hand each chunk to its (40-thread) pool.
+    """
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        data = {**meta, "object": "chat.completion.chunk", "choices": [choice]}
+        if usage is not None:
+            data["usage"] = None
+        return f"data: {json.dumps(data)}\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    for word in re.split(r"(?<=\s)(?=\S)", answer.content or ""):
+        if word:
+            yield chunk({"content": word})
+    for index, call in enumerate(answer.calls):
+        head = {"index": index, "id": call["id"], "type": "function"}
+        function = {"name": call["function"]["name"], "arguments": ""}
+        yield chunk({"tool_calls": [{**head, "function": function}]})
+        arguments: str = call["function"]["arguments"]
+        size = max(1, -(-len(arguments) // 4))  # about four fragments per call
+        for start in range(0, len(arguments), size):
+            piece = {"index": index, "function": {"arguments": arguments[start : start + size]}}
+            yield chunk({"tool_calls": [piece]})
+    yield chunk({}, answer.finish_reason)
+    if usage is not None:
+        tail = {**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage}
+        yield f"data: {json.dumps(tail)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _script_error(request: Request, exc: Exception) -> Response:
+    error = {"message": str(exc), "type": "fake_openai_script_error", "code": None}
+    return JSONResponse({"error": error}, status_code=500)
+
+
+def create_app(script_path: Path | None = None, delay: float = 0.0) -> Starlette:
+    """The fake's ASGI app; ``script_path`` may be JSON or YAML, ``delay`` is in seconds."""
+    service = _Service(script_path, delay)
+    routes = [
+        Route("/v1/chat/completions", service.chat, methods=["POST"]),
+        Route("/chat/completions", service.chat, methods=["POST"]),
+        Route("/v1/models", service.models, methods=["GET"]),
+        Route("/_requests", service.requests, methods=["GET"]),
+        Route("/_script", service.set_script, methods=["POST"]),
+        Route("/_reset", service.reset, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={ScriptError: _script_error})
+    app.state.service = service
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn server that writes its port to ``port_file`` once it listens."""
+
+    def __init__(self, app: Starlette, port_file: Path | None = None, **options: Any) -> None:
+        # The runtime's benchmark holds 200+ slow requests open at once: no concurrency cap.
+        options = {"access_log": False, "log_level": "warning", **options}
+        super().__init__(uvicorn.Config(app, limit_concurrency=None, backlog=2048, **options))
+        self.port_file = port_file
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.port_file is not None and self.started and sockets:
+            partial = self.port_file.with_name(self.port_file.name + ".tmp")
+            partial.write_text(f"{sockets[0].getsockname()[1]}\n")
+            partial.replace(self.port_file)  # atomic: the parent never reads half a port
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+class FakeOpenAI:
+    """The fake server in a background thread on a free port, for in-process tests::
+
+    with FakeOpenAI([{"match": "hi", "reply": {"content": "hello"}}]) as fake:
+        litellm.completion(model="openai/fake", api_base=fake.base_url, api_key="sk-test", ...)
+        assert fake.requests()[0]["messages"][-1]["content"] == "hi"
+    """
+
+    def __init__(
+        self,
+        rules: Sequence[Rule | dict[str, Any]] = (),
+        *,
+        script_path: Path | None = None,
+        delay: float = 0.0,
+    ) -> None:
+        self.app = create_app(script_path, delay)
+        self._service: _Service = self.app.state.service
+        if rules:
+            self.set_script(rules)
+        self._server = _Server(self.app, log_config=None)  # leave the test's logging alone
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        """The ``api_base`` for litellm / the OpenAI client: ``http://127.0.0.1:PORT/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def set_script(self, rules: Sequence[Rule | dict[str, Any]]) -> None:
+        """Replace the rules (until the script file, if any, changes)."""
+        self._service.script.rules = parse_rules(list(rules))
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every chat request body received so far, in order."""
+        return list(self._service.received)
+
+    def __enter__(self) -> FakeOpenAI:
+        sock = _bind("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="fake-openai", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError("fake-openai server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def start_subprocess(
+    script_path: Path | str | None, delay: float = 0.0, *, timeout: float = 30.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the fake in its own process; returns it (terminate and wait it) and its base URL."""
+    with tempfile.TemporaryDirectory(prefix="fake-openai-") as tmp:
+        port_file = Path(tmp) / "port"
+        argv = [sys.executable, "-m", "workers.testing.fake_openai", "--host", "127.0.0.1"]
+        argv += ["--port", "0", "--port-file", str(port_file), "--delay", str(delay)]
+        if script_path is not None:
+            argv += ["--script", str(script_path)]
+        proc = subprocess.Popen(argv)
+        deadline = time.monotonic() + timeout
+        while not port_file.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError(f"fake-openai did not start (exit code {proc.returncode})")
+            time.sleep(0.02)
+        return proc, f"http://127.0.0.1:{port_file.read_text().strip()}/v1"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry point: ``python -m workers.testing.fake_openai --port 0 ...``."""
+    parser = argparse.ArgumentParser(prog="python -m workers.testing.fake_openai")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--script", help="rules file (JSON/YAML); default $FAKE_OPENAI_SCRIPT")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each response")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    args = parser.parse_args(argv)
+    script = args.script or os.environ.get("FAKE_OPENAI_SCRIPT")
+    script_path = Path(script) if script else None
+    if script_path is not None and not script_path.is_file():
+        parser.error(f"--script / FAKE_OPENAI_SCRIPT: no such file {script_path}")
+    server = _Server(create_app(script_path, args.delay), port_file=args.port_file)
+    sock = _bind(args.host, args.port)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    main()
