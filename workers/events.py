@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import redis
 import redis.asyncio
@@ -35,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from registry.errors import UserError
 from workers.messages import EVENT_ADAPTER, Event
 
-__all__ = ["EventBus", "Published"]
+__all__ = ["EventBus", "Published", "SessionKeys"]
 
 #: Stream entries read per XRANGE while catching up.
 _CHUNK = 500
@@ -107,6 +107,15 @@ class Published:
         return self.event.seq
 
 
+class SessionKeys(NamedTuple):
+    """Where one session's events are kept (see the module docstring)."""
+
+    stream: str
+    seq: str
+    dedup: str
+    channel: str
+
+
 class _Flag(Protocol):
     def is_set(self) -> bool: ...
 
@@ -148,19 +157,15 @@ class EventBus:
         self.retry_for = retry_for
         self._publish = client.register_script(_PUBLISH_LUA)
 
-    # --- keys ---------------------------------------------------------------------------------
-
-    def stream_key(self, session_id: str) -> str:
-        return f"{self.prefix}events:{session_id}"
-
-    def seq_key(self, session_id: str) -> str:
-        return f"{self.prefix}seq:{session_id}"
-
-    def dedup_key(self, session_id: str) -> str:
-        return f"{self.prefix}dedup:{session_id}"
-
-    def channel(self, session_id: str) -> str:
-        return f"{self.prefix}live:{session_id}"
+    def keys(self, session_id: str) -> SessionKeys:
+        """The Redis names the session's events live under."""
+        p = self.prefix
+        return SessionKeys(
+            stream=f"{p}events:{session_id}",
+            seq=f"{p}seq:{session_id}",
+            dedup=f"{p}dedup:{session_id}",
+            channel=f"{p}live:{session_id}",
+        )
 
     # --- writing ------------------------------------------------------------------------------
 
@@ -176,11 +181,11 @@ class EventBus:
         """
         if (dedup_key is None) != (dedup_index is None):
             raise ValueError("pass dedup_key and dedup_index together, or neither")
-        sid = event.session_id
+        keys = self.keys(event.session_id)
         duplicate, seq = self._publish(
-            keys=[self.stream_key(sid), self.seq_key(sid), self.dedup_key(sid)],
+            keys=[keys.stream, keys.seq, keys.dedup],
             args=[
-                self.channel(sid),
+                keys.channel,
                 event.model_dump_json(exclude={"seq"}),
                 self.maxlen,
                 self.ttl,
@@ -194,12 +199,12 @@ class EventBus:
 
     def last_seq(self, session_id: str) -> int:
         """The highest ``seq`` handed out in the session, ``0`` before the first event."""
-        value: Any = self._client.get(self.seq_key(session_id))
+        value: Any = self._client.get(self.keys(session_id).seq)
         return int(value or 0)
 
     def history(self, session_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         """Stored events with ``seq > after_seq``, oldest first; events past retention are gone."""
-        entries = self._client.xrange(self.stream_key(session_id), *_after(after_seq), count=limit)
+        entries = self._client.xrange(self.keys(session_id).stream, *_after(after_seq), count=limit)
         return _decode_entries(entries)
 
     def subscribe(
@@ -425,7 +430,7 @@ class _PubSubIO:
     """What both drivers share: the session, the subscription, and noticing silent reconnects."""
 
     def __init__(self, bus: EventBus, session_id: str) -> None:
-        self._bus, self._session = bus, session_id
+        self._bus, self._keys = bus, bus.keys(session_id)
         self._pubsub: Any = None
         self._reconnected = False
 
@@ -452,19 +457,19 @@ class _PubSubIO:
 
 class _BlockingIO(_PubSubIO):
     def run(self, op: _Op) -> Any:
-        bus, sid = self._bus, self._session
+        keys = self._keys
         match op:
             case _Listen():
                 self.close()
-                self._pubsub = bus._client.pubsub()
-                self._pubsub.subscribe(bus.channel(sid))
+                self._pubsub = self._bus._client.pubsub()
+                self._pubsub.subscribe(keys.channel)
                 deadline = time.monotonic() + _CONFIRM
                 while not _is_confirmation(self._pubsub.get_message(timeout=_left(deadline))):
                     pass
                 self._watch()
             case _Read(after, count):
                 return _decode_entries(
-                    bus._client.xrange(bus.stream_key(sid), *_after(after), count=count)
+                    self._bus._client.xrange(keys.stream, *_after(after), count=count)
                 )
             case _Receive(wait):
                 return self._live_event(self._pubsub.get_message(timeout=wait))
@@ -484,19 +489,19 @@ class _AsyncIO(_PubSubIO):
         self._client = client
 
     async def run(self, op: _Op) -> Any:
-        bus, sid = self._bus, self._session
+        keys = self._keys
         match op:
             case _Listen():
                 await self.aclose()
                 self._pubsub = self._client.pubsub()
-                await self._pubsub.subscribe(bus.channel(sid))
+                await self._pubsub.subscribe(keys.channel)
                 deadline = time.monotonic() + _CONFIRM
                 while not _is_confirmation(await self._pubsub.get_message(timeout=_left(deadline))):
                     pass
                 self._watch()
             case _Read(after, count):
                 return _decode_entries(
-                    await self._client.xrange(bus.stream_key(sid), *_after(after), count=count)
+                    await self._client.xrange(keys.stream, *_after(after), count=count)
                 )
             case _Receive(wait):
                 return self._live_event(await self._pubsub.get_message(timeout=wait))
