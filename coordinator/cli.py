@@ -173,7 +173,8 @@ def bag(name: str, role: str | None, as_json: bool) -> None:
         persona = _current_snapshot(settings).get(name)
     except OngridError as exc:
         raise click.ClickException(str(exc)) from None
-    resolved = resolve_bag(persona, default_catalog(), settings.roles[role].tools, role=role)
+    catalog = default_catalog(settings.tool_modules)
+    resolved = resolve_bag(persona, catalog, settings.roles[role].tools, role=role)
     if as_json:
         _emit_json(
             {
@@ -215,7 +216,9 @@ def import_(fmt: str, sources: tuple[Path, ...], out_dir: Path, as_json: bool) -
     from registry.claude_import import import_claude_files
     from workers.tools import default_catalog
 
-    report = import_claude_files(sources, out_dir, default_catalog().names())
+    report = import_claude_files(
+        sources, out_dir, default_catalog(_settings().tool_modules).names()
+    )
     if as_json:
         _emit_json(report.as_dict())
     else:

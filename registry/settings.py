@@ -45,6 +45,8 @@ _ENV_LISTS: dict[str, str] = {
     "ONGRID_AGENTS_EXTERNAL_DIRS": "external_dirs",
     "ONGRID_KNOWLEDGE_DIRS": "knowledge_dirs",
 }
+#: Environment variables holding a comma-separated list.
+_ENV_CSV: dict[str, str] = {"ONGRID_TOOL_MODULES": "tool_modules"}
 
 
 class RoleConfig(BaseModel):
@@ -93,6 +95,8 @@ class Settings(BaseModel):
     knowledge_dirs: list[Path] = Field(default_factory=list)
     repo_root: str = ""
     allow_reboot: bool = False
+    #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
+    tool_modules: list[str] = Field(default_factory=list)
     #: Free-form keys from the config file, checked by personas' ``metadata.requires.config``.
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -128,6 +132,9 @@ class Settings(BaseModel):
         for var, field in _ENV_LISTS.items():
             if env.get(var):
                 data[field] = [p for p in env[var].split(os.pathsep) if p]
+        for var, field in _ENV_CSV.items():
+            if env.get(var):
+                data[field] = [p.strip() for p in env[var].split(",") if p.strip()]
         try:
             return cls(**data)
         except ValidationError as exc:

@@ -28,9 +28,17 @@ from kombu import Exchange, Queue
 
 from registry.settings import Settings
 
-__all__ = ["QUEUES", "SPAWN_TASK", "SPAWN_TIME_LIMIT", "VISIBILITY_TIMEOUT", "make_celery"]
+__all__ = [
+    "PING_TASK",
+    "QUEUES",
+    "SPAWN_TASK",
+    "SPAWN_TIME_LIMIT",
+    "VISIBILITY_TIMEOUT",
+    "make_celery",
+]
 
 SPAWN_TASK = "ongrid.spawn"
+PING_TASK = "ongrid.ping"
 QUEUES = {
     "interactive": "ongrid.interactive",
     "background": "ongrid.background",
@@ -48,6 +56,11 @@ def _run_spawn(task: Any, spawn_id: str, persona: str) -> dict[str, Any]:
     from workers.runtime import worker_runtime
 
     return worker_runtime().execute(spawn_id)
+
+
+def _ping() -> str:
+    """Health check: a task that does nothing; also the baseline of the spawn benchmark."""
+    return "pong"
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -75,4 +88,5 @@ def make_celery(settings: Settings) -> Celery:
         worker_concurrency=256,
     )
     app.task(name=SPAWN_TASK, bind=True)(_run_spawn)
+    app.task(name=PING_TASK)(_ping)
     return app

@@ -109,7 +109,7 @@ class WorkerRuntime:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url or DEFAULT_REDIS_URL)
         self.registry: AgentRegistry = build_registry(settings)
-        self.catalog: ToolCatalog = default_catalog()
+        self.catalog: ToolCatalog = default_catalog(settings.tool_modules)
         self.bus = EventBus(self.redis)
         self.store = SpawnStore(self.redis)
         self.follower = RegistryFollower(self.redis, self.registry)
