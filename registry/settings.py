@@ -7,6 +7,7 @@ over the file for the scalar settings they name.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from registry.errors import UserError
 
-__all__ = ["DEFAULT_MARKETPLACE_ROOT", "RoleConfig", "Settings"]
+__all__ = ["DEFAULT_MARKETPLACE_ROOT", "RoleConfig", "Settings", "TokenGrant", "token_digest"]
 
 DEFAULT_MARKETPLACE_ROOT = Path("/var/lib/ongrid/agents")
 
@@ -59,6 +60,20 @@ class RoleConfig(BaseModel):
     approve: bool = False
 
 
+class TokenGrant(BaseModel):
+    """Who a bearer token speaks for."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user: str = Field(min_length=1)
+    role: str = Field(min_length=1)
+
+
+def token_digest(token: str) -> str:
+    """Tokens are kept only as SHA-256 digests, so settings can be printed or logged safely."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
 def _default_roles() -> dict[str, RoleConfig]:
     return {
         "admin": RoleConfig(tools=["*"], edit_personas=True, approve=True),
@@ -97,6 +112,8 @@ class Settings(BaseModel):
     allow_reboot: bool = False
     #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
     tool_modules: list[str] = Field(default_factory=list)
+    #: Bearer tokens by SHA-256 digest (``auth.tokens`` in the config file holds them in clear).
+    token_grants: dict[str, TokenGrant] = Field(default_factory=dict, repr=False)
     #: Free-form keys from the config file, checked by personas' ``metadata.requires.config``.
     extra: dict[str, Any] = Field(default_factory=dict)
 
@@ -123,8 +140,8 @@ class Settings(BaseModel):
         if not isinstance(data.get("extra", {}), dict):
             raise UserError(f"invalid settings (from {config_path}): extra: expected a mapping")
         known = set(cls.model_fields)
-        extra = {k: data.pop(k) for k in list(data) if k not in known and k != "auth"}
-        data.pop("auth", None)  # read by the API's auth layer from the same file
+        data["token_grants"] = _token_grants(data.pop("auth", None), config_path)
+        extra = {k: data.pop(k) for k in list(data) if k not in known}
         data.setdefault("extra", {}).update(extra)
         for var, field in _ENV.items():
             if env.get(var):
@@ -136,13 +153,41 @@ class Settings(BaseModel):
             if env.get(var):
                 data[field] = [p.strip() for p in env[var].split(",") if p.strip()]
         try:
-            return cls(**data)
+            settings = cls(**data)
         except ValidationError as exc:
             where = f" (from {config_path})" if config_path else ""
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
             )
             raise UserError(f"invalid settings{where}: {problems}") from None
+        unknown_roles = {g.role for g in settings.token_grants.values()} - set(settings.roles)
+        if unknown_roles:
+            raise UserError(
+                f"invalid settings (from {config_path}): auth.tokens name unknown role(s) "
+                f"{', '.join(sorted(unknown_roles))}; known: {', '.join(settings.roles)}"
+            )
+        return settings
+
+
+def _token_grants(auth: Any, config_path: str | None) -> dict[str, Any]:
+    """``auth: {tokens: {<token>: {user, role}}}`` → grants by digest. Never echoes a token."""
+    if auth is None:
+        return {}
+    tokens = auth.get("tokens") if isinstance(auth, dict) else None
+    if not isinstance(tokens, dict):
+        raise UserError(
+            f"invalid settings (from {config_path}): auth.tokens: expected a mapping of "
+            "token → {user, role}"
+        )
+    grants: dict[str, Any] = {}
+    for number, (token, grant) in enumerate(tokens.items(), start=1):
+        if not isinstance(token, str) or len(token) < 16:
+            raise UserError(
+                f"invalid settings (from {config_path}): auth.tokens entry {number}: a token "
+                "must be a string of at least 16 characters"
+            )
+        grants[token_digest(token)] = grant
+    return grants
 
 
 def _read_config(path: Path) -> dict[str, Any]:

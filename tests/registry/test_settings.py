@@ -12,7 +12,13 @@ import pydantic
 import pytest
 
 from registry.errors import UserError
-from registry.settings import DEFAULT_MARKETPLACE_ROOT, RoleConfig, Settings
+from registry.settings import (
+    DEFAULT_MARKETPLACE_ROOT,
+    RoleConfig,
+    Settings,
+    TokenGrant,
+    token_digest,
+)
 
 CONFIG = """\
 roles:
@@ -29,7 +35,8 @@ pagerduty_token: pd-123
 grafana:
   url: http://grafana:3000
 auth:
-  tokens: {abc: admin}
+  tokens:
+    alice-token-0123456789: {user: alice, role: oncall}
 """
 
 
@@ -70,6 +77,28 @@ def test_config_file_with_roles_and_extra_keys(tmp_path: Path) -> None:
     assert s.external_dirs == [Path("/srv/agents-from-file")]
     assert s.extra == {"pagerduty_token": "pd-123", "grafana": {"url": "http://grafana:3000"}}
     assert "auth" not in s.extra  # read by the API's auth layer, not a setting
+    assert s.token_grants == {
+        token_digest("alice-token-0123456789"): TokenGrant(user="alice", role="oncall")
+    }
+    assert "alice-token-0123456789" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("auth", "message"),
+    [
+        ("auth: {tokens: [a]}", "auth.tokens: expected a mapping of token → {user, role}"),
+        ("auth: {tokens: {short: {user: a, role: admin}}}", "at least 16 characters"),
+        (
+            "auth: {tokens: {long-enough-token-1234: {user: a, role: root}}}",
+            "auth.tokens name unknown role(s) root; known: admin, operator, viewer",
+        ),
+        ("auth: {tokens: {long-enough-token-1234: {user: a}}}", "token_grants"),
+    ],
+)
+def test_bad_auth_is_a_user_error_that_never_echoes_the_token(tmp_path, auth, message) -> None:
+    path, error = _load_error(tmp_path, auth + "\n")
+    assert message in error and str(path) in error
+    assert "long-enough-token-1234" not in error
 
 
 def test_has_config(tmp_path: Path) -> None:
