@@ -49,9 +49,13 @@ class UserStore(Protocol):
 
     def list(self) -> list[Persona]: ...
 
-    def upsert(self, persona: Persona) -> None: ...
+    def upsert(self, persona: Persona, user: str = "") -> None: ...
 
     def delete(self, name: str) -> bool: ...
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(name, reason) of stored personas the last :meth:`list` could not load."""
+        ...
 
 
 class InMemoryUserStore:
@@ -65,13 +69,16 @@ class InMemoryUserStore:
         with self._lock:
             return list(self._items.values())
 
-    def upsert(self, persona: Persona) -> None:
+    def upsert(self, persona: Persona, user: str = "") -> None:
         with self._lock:
             self._items[persona.name] = persona
 
     def delete(self, name: str) -> bool:
         with self._lock:
             return self._items.pop(name, None) is not None
+
+    def problems(self) -> list[tuple[str, str]]:
+        return []
 
 
 @dataclass(frozen=True)
@@ -187,15 +194,15 @@ class AgentRegistry:
             self._disk = self._load_disk()
             return self._publish()
 
-    def replace(self, persona: Persona) -> Persona:
+    def replace(self, persona: Persona, user: str = "") -> Persona:
         """Upsert a user persona (creating it, or shadowing a builtin/disk one of that name)."""
         stored = persona.model_copy(update={"source": Source.USER, "path": None})
         with self._lock:
-            self._store.upsert(stored)
+            self._store.upsert(stored, user)
             self._publish()
         return stored
 
-    def patch(self, name: str, changes: Mapping[str, Any]) -> Persona:
+    def patch(self, name: str, changes: Mapping[str, Any], user: str = "") -> Persona:
         """Change fields of a user persona; the result is validated like a file."""
         current = self._editable(name)
         data = _frontmatter_of(current)
@@ -203,11 +210,15 @@ class AgentRegistry:
         body = changes.get("body", current.body)
         if "name" in changes and changes["name"] != name:
             raise PersonaError([FieldProblem("name", "cannot be changed; create a new persona")])
-        return self.replace(Persona.from_dict(data, body=body))
+        return self.replace(Persona.from_dict(data, body=body), user)
 
     def delete(self, name: str) -> None:
-        """Delete a user persona; a builtin or disk one it shadowed becomes visible again."""
-        self._editable(name)
+        """Delete a user persona; a builtin or disk one it shadowed becomes visible again.
+
+        A stored row that no longer loads (listed in the store's problems) can be deleted too.
+        """
+        if name not in dict(self._store.problems()):
+            self._editable(name)
         with self._lock:
             self._store.delete(name)
             self._publish()
@@ -269,7 +280,12 @@ class AgentRegistry:
                 continue
             merged[persona.name] = persona
         shadowed: dict[str, Source] = {}
-        for persona in self._store.list():
+        stored = self._store.list()
+        warnings.extend(
+            LoadWarning(f"database:agents/{name}", reason)
+            for name, reason in self._store.problems()
+        )
+        for persona in stored:
             if persona.name in merged:
                 shadowed[persona.name] = merged[persona.name].source or Source.DISK
             merged[persona.name] = persona.model_copy(update={"source": Source.USER})

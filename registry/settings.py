@@ -40,6 +40,7 @@ _ENV: dict[str, str] = {
     "CLICKHOUSE_PASSWORD": "clickhouse_password",
     "ONGRID_TOPOLOGY_FILE": "topology_file",
     "ONGRID_REPO_ROOT": "repo_root",
+    "ONGRID_LEASE_SECONDS": "lease_seconds",
 }
 #: Environment variables holding a path list (``os.pathsep``-separated).
 _ENV_LISTS: dict[str, str] = {
@@ -110,6 +111,9 @@ class Settings(BaseModel):
     knowledge_dirs: list[Path] = Field(default_factory=list)
     repo_root: str = ""
     allow_reboot: bool = False
+    #: How long a worker's claim on a spawn lasts without a heartbeat: after a worker dies, its
+    #: spawns are resumed elsewhere within about this time (heartbeat and reaper run faster).
+    lease_seconds: float = Field(default=10.0, gt=0)
     #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
     tool_modules: list[str] = Field(default_factory=list)
     #: Bearer tokens by SHA-256 digest (``auth.tokens`` in the config file holds them in clear).
