@@ -65,6 +65,7 @@ class ToolContext:
 
     session_id: str = ""
     spawn_id: str = ""
+    call_id: str = ""
     user: str = ""
     role: str = ""
     settings: Any = None
@@ -78,6 +79,9 @@ class BaseTool(ABC):
     description: str
     tool_class: ToolClass
     args_model: type[BaseModel]
+    #: Safe to run again with the same call id after a crash (the loop re-runs it rather than
+    #: reporting "outcome unknown"). Only tools that make repeats harmless set this.
+    idempotent: bool = False
 
     @property
     def parameters(self) -> dict[str, Any]:

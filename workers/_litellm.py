@@ -3,7 +3,7 @@
 litellm fetches its model cost map from the internet at import unless
 ``LITELLM_LOCAL_MODEL_COST_MAP`` is set; we set it before the import so the runtime works
 air-gapped. Provider variables (``OPENAI_API_BASE``, ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``…) are
-read by litellm as it documents them.
+read by litellm as it documents them, unless ``api_base`` / ``api_key`` are passed explicitly.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_LOG", "ERROR")
 
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Generator  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
 import litellm  # noqa: E402
+import openai  # noqa: E402  - litellm's exceptions derive from the OpenAI SDK's
 
 from workers.messages import Message, ToolCall, Usage  # noqa: E402
 from workers.model import ModelError, ModelReply, ModelRequest  # noqa: E402
@@ -25,24 +27,31 @@ __all__ = ["LitellmModel", "has_credentials"]
 
 litellm.telemetry = False
 litellm.suppress_debug_info = True
+# Per-chunk success logging only feeds litellm callbacks, which the runtime does not use; left on,
+# every streamed chunk costs a thread-pool task. The end-of-stream logging still runs.
+litellm.disable_streaming_logging = True
 
+#: Failures worth another attempt: no answer at all, or the statuses the OpenAI SDK retries.
 _RETRYABLE = (
     litellm.exceptions.RateLimitError,
     litellm.exceptions.Timeout,
     litellm.exceptions.APIConnectionError,
     litellm.exceptions.ServiceUnavailableError,
     litellm.exceptions.InternalServerError,
+    litellm.exceptions.BadGatewayError,
 )
+_RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
 def has_credentials(model_id: str) -> bool:
     """Whether litellm knows ``model_id``'s provider and finds its credentials in the environment.
 
-    litellm answers "keys present" for providers it does not know, so the provider is checked
-    against its list first.
+    litellm answers "keys present" for providers it does not know, so the provider is looked up
+    first (``provider/model``, or a bare name litellm maps, such as ``gpt-4o-mini``).
     """
-    provider = model_id.partition("/")[0]
-    if provider not in {str(getattr(p, "value", p)) for p in litellm.provider_list}:
+    try:
+        litellm.get_llm_provider(model_id)
+    except Exception:  # noqa: BLE001 - litellm raises BadRequestError for an unknown provider
         return False
     try:
         return bool(litellm.validate_environment(model=model_id)["keys_in_environment"])
@@ -50,71 +59,181 @@ def has_credentials(model_id: str) -> bool:
         return False
 
 
-def _usage(model: str, chunks_response: Any) -> Usage:
-    raw = getattr(chunks_response, "usage", None)
-    prompt = getattr(raw, "prompt_tokens", 0) or 0
-    completion = getattr(raw, "completion_tokens", 0) or 0
+@dataclass
+class _PartialCall:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Reply:
+    """The reply rebuilt from streamed chunks as they pass.
+
+    It follows litellm's ``stream_chunk_builder`` (tool-call fragments keyed by index; ids and
+    names replaced, arguments joined) but needs no second pass over the chunks: litellm has
+    already built the full response once to put usage and cost on its closing usage chunk.
+    """
+
+    text: list[str] = field(default_factory=list)
+    calls: list[_PartialCall] = field(default_factory=list)
+    _at: dict[int, _PartialCall] = field(default_factory=dict)
+    """The call each streamed index currently adds to."""
+    finish_reason: str | None = None
+    usage: Any = None
+    cost: float | None = None
+
+    def add(self, chunk: Any) -> str:
+        """Take one chunk in; return its text delta ("" when it has none)."""
+        usage = getattr(chunk, "usage", None)
+        if usage is not None:
+            self.usage = usage
+            self.cost = _cost_of(chunk, usage)
+        if not chunk.choices:
+            return ""
+        choice = chunk.choices[0]
+        self.finish_reason = choice.finish_reason or self.finish_reason
+        delta = choice.delta
+        for fragment in getattr(delta, "tool_calls", None) or ():
+            self._add_call(fragment)
+        content = getattr(delta, "content", None)
+        if content:
+            self.text.append(content)
+            return str(content)
+        return ""
+
+    def _add_call(self, fragment: Any) -> None:
+        index = getattr(fragment, "index", None) or 0
+        fragment_id = getattr(fragment, "id", None)
+        call = self._at.get(index)
+        # A new id at a known index is a new call: some providers number every call 0.
+        if call is None or (fragment_id and call.id and fragment_id != call.id):
+            call = self._at[index] = _PartialCall()
+            self.calls.append(call)
+        function = getattr(fragment, "function", None)
+        call.id = fragment_id or call.id
+        call.name = getattr(function, "name", None) or call.name
+        if piece := getattr(function, "arguments", None):
+            call.arguments.append(piece)
+
+    @property
+    def complete(self) -> bool:
+        """litellm's closing usage chunk has arrived: the provider's stream is over."""
+        return self.usage is not None and self.finish_reason is not None
+
+    def message(self) -> Message:
+        calls = [
+            ToolCall(id=c.id, name=c.name, arguments="".join(c.arguments) or "{}")
+            for c in self.calls
+            if c.name
+        ]
+        return Message(role="assistant", content="".join(self.text), tool_calls=calls)
+
+    def to_usage(self, model: str) -> Usage:
+        prompt = getattr(self.usage, "prompt_tokens", 0) or 0
+        completion = getattr(self.usage, "completion_tokens", 0) or 0
+        cost = self.cost if self.cost is not None else _price(model, prompt, completion)
+        return Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=prompt + completion,
+            cost=cost,
+            model_calls=1,
+        )
+
+
+def _cost_of(chunk: Any, usage: Any) -> float | None:
+    """The cost litellm computed for the whole response and stamped on its usage chunk."""
+    for value in (
+        getattr(usage, "cost", None),
+        (getattr(chunk, "_hidden_params", None) or {}).get("response_cost"),
+    ):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def _price(model: str, prompt: int, completion: int) -> float:
+    """Fallback when litellm stamped no cost: its price table, or 0.0 for an unpriced model."""
     try:
-        cost = float(litellm.completion_cost(completion_response=chunks_response, model=model))
+        prompt_cost, completion_cost = litellm.cost_per_token(
+            model=model, prompt_tokens=prompt, completion_tokens=completion
+        )
     except Exception:  # noqa: BLE001 - no price known for this model: cost unknown, not an error
-        cost = 0.0
-    return Usage(
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-        cost=cost,
-        model_calls=1,
-    )
-
-
-def _message(response: Any) -> tuple[Message, str]:
-    choice = response.choices[0]
-    msg = choice.message
-    calls = [
-        ToolCall(id=c.id, name=c.function.name, arguments=c.function.arguments or "{}")
-        for c in (getattr(msg, "tool_calls", None) or [])
-    ]
-    return Message(role="assistant", content=msg.content or "", tool_calls=calls), (
-        choice.finish_reason or "stop"
-    )
+        return 0.0
+    return float(prompt_cost + completion_cost)
 
 
 class LitellmModel:
-    """Streams a chat completion through litellm and rebuilds the full reply from the chunks."""
+    """Streams a chat completion through litellm and rebuilds the full reply from the chunks.
 
-    def __init__(self, *, timeout: float = 600.0) -> None:
+    ``max_retries`` is handed to the provider client (the OpenAI SDK retries twice by default);
+    ``api_base`` / ``api_key`` override the provider's environment variables.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: float = 600.0,
+        max_retries: int | None = None,
+        api_base: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.timeout = timeout
+        options = {"max_retries": max_retries, "api_base": api_base, "api_key": api_key}
+        self.options: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
 
-    def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
-        messages = [m.to_openai() for m in request.messages]
+    def stream(self, request: ModelRequest) -> Generator[str | ModelReply, None, None]:
+        reply = _Reply()
+        response: Any = None
         try:
             response = litellm.completion(
                 model=request.model,
-                messages=messages,
+                messages=[m.to_openai() for m in request.messages],
                 tools=request.tools or None,
                 stream=True,
                 stream_options={"include_usage": True},
                 timeout=self.timeout,
+                **self.options,
             )
-            chunks = []
             for chunk in response:
-                chunks.append(chunk)
-                delta = chunk.choices[0].delta if chunk.choices else None
-                text = getattr(delta, "content", None) if delta is not None else None
+                text = reply.add(chunk)
                 if text:
                     yield text
-            full = litellm.stream_chunk_builder(chunks, messages=messages)
-        except _RETRYABLE as exc:
-            raise ModelError(request.model, str(exc), status=_status(exc), retryable=True) from exc
-        except litellm.exceptions.APIError as exc:
-            raise ModelError(request.model, str(exc), status=_status(exc), retryable=False) from exc
-        except litellm.exceptions.BadRequestError as exc:
-            raise ModelError(request.model, str(exc), status=_status(exc), retryable=False) from exc
-        if full is None:
+                if reply.complete:
+                    break  # iterating on would only make litellm rebuild the response again
+        except openai.OpenAIError as exc:
+            raise _model_error(request.model, exc) from exc
+        finally:
+            close = getattr(response, "close", None)
+            if callable(close):
+                close()
+        if reply.finish_reason is None and not reply.text and not reply.calls:
             raise ModelError(request.model, "empty response stream", retryable=True)
-        message, finish = _message(full)
-        yield ModelReply(message=message, usage=_usage(request.model, full), finish_reason=finish)
+        message = reply.message()
+        finish = reply.finish_reason or ("tool_calls" if message.tool_calls else "stop")
+        yield ModelReply(message=message, usage=reply.to_usage(request.model), finish_reason=finish)
 
 
-def _status(exc: Exception) -> int | None:
-    return getattr(exc, "status_code", None)
+def _model_error(model: str, exc: Exception) -> ModelError:
+    status = _status(exc)
+    retryable = isinstance(exc, _RETRYABLE) or (
+        status is not None and (status in _RETRYABLE_STATUS or status >= 500)
+    )
+    return ModelError(model, str(exc), status=status, retryable=retryable)
+
+
+def _status(exc: BaseException) -> int | None:
+    """The provider's HTTP status; ``None`` when no response came back (litellm reports a
+    refused connection as status 500)."""
+    cause: BaseException | None = exc
+    for _ in range(10):  # the chain is short; the bound guards against a cycle
+        if cause is None:
+            break
+        if isinstance(cause, openai.APIConnectionError) and not isinstance(
+            cause, openai.APITimeoutError
+        ):
+            return None
+        cause = cause.__cause__ or cause.__context__
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None

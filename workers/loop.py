@@ -8,7 +8,8 @@ with a restored state resumes where the last checkpoint left off:
 - a model reply is checkpointed as soon as it is complete, so a finished call is not paid again;
 - a tool call is marked *started* (checkpointed) before it runs and its result checkpointed after,
   so a call that completed is never executed again; a call that was running when the worker died
-  is reported to the model as interrupted, with its outcome unknown, instead of being re-run;
+  is reported to the model as interrupted, with its outcome unknown, instead of being re-run
+  (unless its tool is ``idempotent``: then it runs again with the same call id);
 - events carry a spawn-local index saved with the state, so the sink can drop the events a
   resumed attempt emits a second time.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -105,6 +106,27 @@ def _tool_schemas(bag: ToolBag) -> list[dict[str, object]]:
     ]
 
 
+def _distinct_ids(calls: list[ToolCall], history: list[Message], turn: int) -> list[ToolCall]:
+    """``calls`` with every id non-empty and unused in the spawn so far.
+
+    Call ids key the write-ahead log (``started``) and the approvals: a provider that sends no id,
+    or reuses one across turns, would otherwise make a new call look already started (so it
+    never runs) or already approved by someone who approved a different call.
+    """
+    used = {c.id for m in history for c in m.tool_calls}
+    out: list[ToolCall] = []
+    for i, call in enumerate(calls):
+        if not call.id or call.id in used:
+            new_id, n = f"ongrid_{turn}_{i}", 0
+            while new_id in used:
+                n += 1
+                new_id = f"ongrid_{turn}_{i}_{n}"
+            call = call.model_copy(update={"id": new_id})
+        used.add(call.id)
+        out.append(call)
+    return out
+
+
 class _Run:
     def __init__(self, setup: LoopSetup, state: LoopState, sink: EventSink, save: Checkpoint):
         self.setup, self.state, self._sink, self._save = setup, state, sink, save
@@ -137,11 +159,12 @@ class _Run:
         state.turns += 1
         state.usage = state.usage + reply.usage
         state.turn_usage.append(reply.usage)
-        state.messages.append(reply.message)
-        for call in reply.message.tool_calls:
+        calls = _distinct_ids(reply.message.tool_calls, state.messages, state.turns)
+        state.messages.append(reply.message.model_copy(update={"tool_calls": calls}))
+        for call in calls:
             self.emit(ToolCallEvent, call_id=call.id, name=call.name, arguments=call.arguments)
-        state.pending = list(reply.message.tool_calls)
-        if not reply.message.tool_calls:
+        state.pending = list(calls)
+        if not calls:
             state.final = reply.message.content
         self.checkpoint()
 
@@ -154,15 +177,16 @@ class _Run:
             blocked = self._needs_decision(call)
             if blocked is not None:
                 return blocked
-            if call.id in self.state.started:
+            if call.id in self.state.started and not self._idempotent(call):
                 content, is_error = (
                     "interrupted: the worker running this call was lost; its outcome is unknown. "
                     "Check the current state before calling it again.",
                     True,
                 )
             else:
-                self.state.started.append(call.id)
-                self.checkpoint()  # write-ahead: never run a call twice
+                if call.id not in self.state.started:
+                    self.state.started.append(call.id)
+                    self.checkpoint()  # write-ahead: never run a call twice
                 content, is_error = self._execute(call)
             self.emit(
                 ToolResultEvent, call_id=call.id, name=call.name, content=content, is_error=is_error
@@ -173,6 +197,11 @@ class _Run:
             self.state.pending.pop(0)
             self.checkpoint()
         return None
+
+    def _idempotent(self, call: ToolCall) -> bool:
+        """Tools that make a repeat harmless (same call id, same effect) are simply run again."""
+        entry = self.setup.bag.entry(call.name)
+        return entry is not None and entry.tool.idempotent
 
     def _needs_decision(self, call: ToolCall) -> Outcome | None:
         entry = self.setup.bag.entry(call.name)
@@ -212,7 +241,8 @@ class _Run:
             return f"arguments of {call.name} must be a JSON object", True
         try:
             args = entry.tool.validate_arguments(raw)
-            result = entry.tool.run(args, self.setup.tool_context)
+            context = replace(self.setup.tool_context, call_id=call.id)
+            result = entry.tool.run(args, context)
         except ToolArgumentError as exc:
             return str(exc), True
         except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, not a crash

@@ -7,7 +7,7 @@ for every real model, :mod:`workers.demo_model` for the offline demo.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -53,7 +53,7 @@ def resolve_model_id(
     *,
     default_model: str,
     default_provider: str,
-    has_credentials: Any,
+    has_credentials: Callable[[str], bool],
 ) -> str:
     """Persona ``model`` → organisation default; a provider without credentials maps to
     ``default_provider``; with neither, the offline demo model.
@@ -66,6 +66,8 @@ def resolve_model_id(
     if wanted == DEMO_MODEL or has_credentials(wanted):
         return wanted
     provider, _, rest = wanted.partition("/")
+    if not rest:  # a bare name ("gpt-4o-mini") names no provider: try the default one
+        rest = provider
     if default_provider and rest:
         mapped = f"{default_provider}/{rest}"
         if has_credentials(mapped):

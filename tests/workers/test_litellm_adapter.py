@@ -1,0 +1,464 @@
+"""The litellm adapter, driven for real over a socket against the fake OpenAI server."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from workers._litellm import LitellmModel, _Reply, litellm
+from workers.messages import Message, ToolCall, Usage
+from workers.model import ModelError, ModelReply, ModelRequest
+from workers.testing.fake_openai import FakeOpenAI
+
+MODEL = "openai/gpt-4o-mini"
+ANSWER = "The disk on db-1 is full: /var is at 100%."
+PROBE_ARGS = {"section": "disk", "host": "db-1"}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "host_probe",
+            "description": "Probe a host.",
+            "parameters": {
+                "type": "object",
+                "properties": {"section": {"type": "string"}, "host": {"type": "string"}},
+                "required": ["section"],
+            },
+        },
+    }
+]
+RULES: list[dict[str, Any]] = [
+    {"match": "/var is full", "turn": 1, "reply": {"content": "Clean /var/log."}},
+    {
+        "match": "check the disk",
+        "where": "last_user",
+        "reply": {
+            "content": "Probing.",
+            "tool_calls": [
+                {"name": "host_probe", "arguments": PROBE_ARGS},
+                {"name": "host_probe", "arguments": {"section": "memory"}},
+            ],
+        },
+    },
+    {"match": "", "reply": {"content": ANSWER}},
+]
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(RULES) as server:
+        point_at(monkeypatch, server.base_url)
+        yield server
+
+
+def point_at(monkeypatch: pytest.MonkeyPatch, base_url: str) -> None:
+    monkeypatch.setenv("OPENAI_API_BASE", base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+
+
+def request(*messages: Message, tools: list[dict[str, Any]] | None = None) -> ModelRequest:
+    history = [Message(role="system", content="You investigate."), *messages]
+    return ModelRequest(model=MODEL, messages=history, tools=TOOLS if tools is None else tools)
+
+
+def ask(text: str) -> ModelRequest:
+    return request(Message(role="user", content=text))
+
+
+def run(model: LitellmModel, req: ModelRequest) -> tuple[list[str], ModelReply]:
+    items = list(model.stream(req))
+    *deltas, reply = items
+    assert isinstance(reply, ModelReply)
+    assert all(isinstance(d, str) and d for d in deltas)
+    return deltas, reply  # type: ignore[return-value]
+
+
+# --- replies -------------------------------------------------------------------------------------
+
+
+def test_text_streams_in_deltas_then_one_reply(fake: FakeOpenAI) -> None:
+    deltas, reply = run(LitellmModel(), ask("why is db-1 slow?"))
+    assert len(deltas) > 3
+    assert "".join(deltas) == ANSWER
+    assert reply.message == Message(role="assistant", content=ANSWER)
+    assert reply.finish_reason == "stop"
+    (sent,) = fake.requests()
+    assert sent["model"] == "gpt-4o-mini" and sent["stream"] is True
+    assert sent["stream_options"] == {"include_usage": True}
+    assert sent["tools"] == TOOLS
+    assert [m["role"] for m in sent["messages"]] == ["system", "user"]
+
+
+def test_no_tools_sends_no_tools_key(fake: FakeOpenAI) -> None:
+    run(LitellmModel(), request(Message(role="user", content="hi"), tools=[]))
+    assert "tools" not in fake.requests()[0]
+
+
+def test_tool_calls_are_reassembled(fake: FakeOpenAI) -> None:
+    deltas, reply = run(LitellmModel(), ask("please check the disk"))
+    assert "".join(deltas) == "Probing." == reply.message.content
+    assert reply.finish_reason == "tool_calls"
+    first, second = reply.message.tool_calls
+    assert (first.id, first.name) == ("call_0_0", "host_probe")
+    assert json.loads(first.arguments) == PROBE_ARGS
+    assert (second.id, second.name) == ("call_0_1", "host_probe")
+    assert json.loads(second.arguments) == {"section": "memory"}
+
+
+def test_usage_and_cost(fake: FakeOpenAI) -> None:
+    _, reply = run(LitellmModel(), ask("why is db-1 slow?"))
+    usage = reply.usage
+    assert usage.prompt_tokens > 0 and usage.completion_tokens > 0
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert usage.model_calls == 1
+    price = litellm.model_cost["gpt-4o-mini"]
+    expected = (
+        usage.prompt_tokens * price["input_cost_per_token"]
+        + usage.completion_tokens * price["output_cost_per_token"]
+    )
+    assert usage.cost > 0
+    assert usage.cost == pytest.approx(expected)
+
+
+def test_a_model_without_a_price_costs_nothing(fake: FakeOpenAI) -> None:
+    req = ModelRequest(model="openai/ongrid-unpriced-model", messages=ask("hi").messages)
+    _, reply = run(LitellmModel(), req)
+    assert reply.message.content == ANSWER
+    assert reply.usage.cost == 0.0 and reply.usage.total_tokens > 0
+
+
+def test_a_second_turn_with_tool_history_is_accepted(fake: FakeOpenAI) -> None:
+    model = LitellmModel()
+    question = Message(role="user", content="please check the disk")
+    _, first = run(model, request(question))
+    results = [
+        Message(role="tool", content=f"/var is full ({c.name} {i})", tool_call_id=c.id, name=c.name)
+        for i, c in enumerate(first.message.tool_calls)
+    ]
+    _, second = run(model, request(question, first.message, *results))
+    assert second.message.content == "Clean /var/log."  # the rule for turn 1 matched
+    sent = fake.requests()[-1]["messages"]
+    assert [m["role"] for m in sent] == ["system", "user", "assistant", "tool", "tool"]
+    assistant = sent[2]
+    assert assistant["content"] == "Probing."
+    assert assistant["tool_calls"] == [
+        {
+            "id": "call_0_0",
+            "type": "function",
+            "function": {"name": "host_probe", "arguments": json.dumps(PROBE_ARGS)},
+        },
+        {
+            "id": "call_0_1",
+            "type": "function",
+            "function": {"name": "host_probe", "arguments": json.dumps({"section": "memory"})},
+        },
+    ]
+    assert [(m["tool_call_id"], m["content"]) for m in sent[3:]] == [
+        ("call_0_0", "/var is full (host_probe 0)"),
+        ("call_0_1", "/var is full (host_probe 1)"),
+    ]
+
+
+def test_to_openai_shapes() -> None:
+    call = ToolCall(id="c1", name="host_probe", arguments='{"section": "disk"}')
+    assert Message(role="assistant", tool_calls=[call]).to_openai() == {
+        "role": "assistant",
+        "content": None,  # OpenAI wants null, not "", beside tool calls
+        "tool_calls": [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "host_probe", "arguments": '{"section": "disk"}'},
+            }
+        ],
+    }
+    tool = Message(role="tool", content="ok", tool_call_id="c1", name="host_probe")
+    assert tool.to_openai() == {
+        "role": "tool",
+        "content": "ok",
+        "tool_call_id": "c1",
+        "name": "host_probe",
+    }
+    assert Message(role="user", content="hi", name="bob").to_openai() == {
+        "role": "user",
+        "content": "hi",
+    }
+
+
+def test_api_base_and_key_can_be_passed(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OPENAI_API_BASE", "OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with FakeOpenAI(RULES) as server:
+        model = LitellmModel(api_base=server.base_url, api_key="sk-explicit")
+        _, reply = run(model, ask("hello"))
+    assert reply.message.content == ANSWER
+
+
+def test_abandoning_the_stream_closes_it(fake: FakeOpenAI) -> None:
+    stream = LitellmModel().stream(ask("why is db-1 slow?"))
+    assert isinstance(next(stream), str)
+    stream.close()  # the loop may stop consuming (a cancelled spawn); nothing must leak or raise
+    _, reply = run(LitellmModel(), ask("why is db-1 slow?"))  # the next call works
+    assert reply.message.content == ANSWER
+
+
+def chunk(content: str | None = None, *calls: Any, finish: str | None = None) -> Any:
+    delta = SimpleNamespace(content=content, tool_calls=list(calls) or None)
+    choice = SimpleNamespace(delta=delta, finish_reason=finish)
+    return SimpleNamespace(choices=[choice], usage=None)
+
+
+def fragment(index: int | None, call_id: str | None, name: str | None, args: str) -> Any:
+    function = SimpleNamespace(name=name, arguments=args)
+    return SimpleNamespace(index=index, id=call_id, function=function)
+
+
+def test_reassembly_tells_calls_apart_by_id_when_every_index_is_zero() -> None:
+    reply = _Reply()
+    chunks = [
+        chunk("Look"),
+        chunk(None, fragment(0, "a", "host_probe", '{"sec')),
+        chunk(None, fragment(0, None, None, 'tion": "disk"}')),
+        chunk(None, fragment(0, "b", "get_edge_summary", "")),
+        chunk(None, fragment(None, "c", "host_probe", '{"section": "cpu"}'), finish="tool_calls"),
+    ]
+    assert [reply.add(c) for c in chunks] == ["Look", "", "", "", ""]
+    usage = SimpleNamespace(prompt_tokens=3, completion_tokens=4, cost=0.5)
+    reply.add(SimpleNamespace(choices=[], usage=usage))
+    assert reply.complete
+    message = reply.message()
+    assert message.content == "Look"
+    assert [(c.id, c.name, c.arguments) for c in message.tool_calls] == [
+        ("a", "host_probe", '{"section": "disk"}'),
+        ("b", "get_edge_summary", "{}"),
+        ("c", "host_probe", '{"section": "cpu"}'),
+    ]
+    assert reply.to_usage(MODEL) == Usage(
+        prompt_tokens=3, completion_tokens=4, total_tokens=7, cost=0.5, model_calls=1
+    )
+
+
+# --- failures ------------------------------------------------------------------------------------
+
+
+@dataclass
+class ErrorServer:
+    """Answers every POST with ``status`` (or hangs for ``hang`` seconds first)."""
+
+    url: str = ""
+    status: int = 500
+    hang: float = 0.0
+    hits: list[str] = field(default_factory=list)
+
+
+@pytest.fixture
+def error_server() -> Iterator[ErrorServer]:
+    state = ErrorServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            state.hits.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if state.hang:
+                time.sleep(state.hang)
+            body = json.dumps({"error": {"message": "upstream exploded", "type": "x"}}).encode()
+            try:
+                self.send_response(state.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass  # the client gave up (timeout test)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def fail(model: LitellmModel, req: ModelRequest | None = None) -> ModelError:
+    started = time.monotonic()
+    with pytest.raises(ModelError) as caught:
+        list(model.stream(req or ask("hi")))
+    assert time.monotonic() - started < 30  # no long internal retry loop
+    error = caught.value
+    assert MODEL in str(error)
+    return error
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [(500, True), (502, True), (503, True), (429, True), (400, False), (401, False), (404, False)],
+)
+def test_http_errors_become_model_errors(
+    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer, status: int, retryable: bool
+) -> None:
+    point_at(monkeypatch, error_server.url)
+    error_server.status = status
+    error = fail(LitellmModel(max_retries=0))
+    assert error.status == status
+    assert error.retryable is retryable
+    assert "upstream exploded" in str(error)
+    assert len(error_server.hits) == 1  # max_retries=0: one request, no SDK retry
+
+
+def test_the_sdk_retries_a_500_by_default(
+    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer
+) -> None:
+    point_at(monkeypatch, error_server.url)
+    error = fail(LitellmModel(max_retries=1))
+    assert error.retryable and len(error_server.hits) == 2
+
+
+def test_connection_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    point_at(monkeypatch, f"http://127.0.0.1:{port}/v1")  # closed: nothing listens there
+    error = fail(LitellmModel(max_retries=0))
+    assert error.retryable
+    assert error.status is None  # litellm says 500; no server answered at all
+    assert "Connection error" in str(error)
+
+
+def test_timeout(monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer) -> None:
+    point_at(monkeypatch, error_server.url)
+    error_server.hang = 3.0
+    started = time.monotonic()
+    error = fail(LitellmModel(timeout=0.5, max_retries=0))
+    assert time.monotonic() - started < 2.5
+    assert error.retryable
+
+
+def test_an_unknown_provider_is_a_model_error(fake: FakeOpenAI) -> None:
+    req = ModelRequest(model="zhipu/glm-4.7", messages=ask("hi").messages)
+    with pytest.raises(ModelError, match="zhipu/glm-4.7") as caught:
+        list(LitellmModel(max_retries=0).stream(req))
+    assert not caught.value.retryable
+    assert fake.requests() == []
+
+
+# --- air gap -------------------------------------------------------------------------------------
+
+GUARD = textwrap.dedent(
+    """
+    import ipaddress, json, socket
+
+    attempts = []
+
+    def _loopback(address):
+        if not isinstance(address, tuple):
+            return True  # AF_UNIX path
+        host = str(address[0])
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host.split("%")[0]).is_loopback
+        except ValueError:
+            return False  # a hostname: resolving it is already a network call
+
+    def _guard(address):
+        if not _loopback(address):
+            attempts.append(repr(address))
+            raise OSError(f"air-gap test: connection to {address!r} refused")
+
+    _connect, _connect_ex = socket.socket.connect, socket.socket.connect_ex
+    _create, _getaddrinfo = socket.create_connection, socket.getaddrinfo
+
+    def connect(self, address):
+        _guard(address)
+        return _connect(self, address)
+
+    def connect_ex(self, address):
+        _guard(address)
+        return _connect_ex(self, address)
+
+    def create_connection(address, *args, **kwargs):
+        _guard(address)
+        return _create(address, *args, **kwargs)
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        _guard((host, port))
+        return _getaddrinfo(host, port, *args, **kwargs)
+
+    socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
+    socket.create_connection, socket.getaddrinfo = create_connection, getaddrinfo
+
+    from workers._litellm import LitellmModel, has_credentials, litellm
+    from workers.messages import Message
+    from workers.model import ModelRequest
+    from workers.testing.fake_openai import FakeOpenAI
+
+    configured = has_credentials("openai/gpt-4o-mini")
+    with FakeOpenAI([{"reply": {"content": "offline answer"}}]) as fake:
+        model = LitellmModel(api_base=fake.base_url, api_key="sk-test", max_retries=0)
+        request = ModelRequest("openai/gpt-4o-mini", [Message(role="user", content="hi")])
+        reply = list(model.stream(request))[-1]
+    seen_before_probe = list(attempts)
+    try:  # the guard itself works: a public address is caught
+        socket.create_connection(("192.0.2.1", 80), timeout=1)
+    except OSError:
+        pass
+    print(json.dumps({
+        "attempts": seen_before_probe,
+        "probe_caught": attempts[len(seen_before_probe):] != [],
+        "configured": configured,
+        "cost_entries": len(litellm.model_cost),
+        "knows_gpt_4o_mini": "gpt-4o-mini" in litellm.model_cost,
+        "answer": reply.message.content,
+        "cost": reply.usage.cost,
+    }))
+    """
+)
+
+
+def test_import_and_a_call_make_no_outside_connection() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LITELLM_", "OPENAI_"))}
+    env["OPENAI_API_KEY"] = "sk-test"
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", GUARD],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["attempts"] == []
+    assert report["probe_caught"] is True
+    assert report["configured"] is True
+    assert report["cost_entries"] > 100 and report["knows_gpt_4o_mini"]
+    assert report["answer"] == "offline answer" and report["cost"] > 0
+
+
+def test_usage_type_is_ours(fake: FakeOpenAI) -> None:
+    _, reply = run(LitellmModel(), ask("hi"))
+    assert type(reply.usage) is Usage and type(reply.message) is Message
