@@ -1,0 +1,108 @@
+"""Server-Sent Events: a thin layer over :meth:`workers.events.EventBus.asubscribe`.
+
+Each event becomes one SSE message: ``id:`` its per-session ``seq`` (what a reconnecting client
+sends back as ``Last-Event-ID``), ``event:`` its type, ``data:`` its JSON envelope. A comment line
+goes out every :data:`KEEPALIVE_SECONDS` of silence so proxies keep the connection open.
+
+A client disconnect sets the subscription's ``stop`` flag: the subscription ends and closes its
+own Redis connections; the spawns behind the stream run on, their events wait in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import cast
+
+import anyio
+import redis
+import redis.asyncio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from workers.events import EventBus
+from workers.messages import Event
+
+__all__ = ["KEEPALIVE_SECONDS", "EventStreamResponse", "follow", "sse_message"]
+
+KEEPALIVE_SECONDS = 15.0
+
+StreamFactory = Callable[[asyncio.Event], AsyncIterator[bytes]]
+
+
+def sse_message(event: Event) -> bytes:
+    """One SSE message; the JSON is a single line (newlines in strings are escaped)."""
+    return f"id: {event.seq}\nevent: {event.type}\ndata: {event.model_dump_json()}\n\n".encode()
+
+
+async def follow(
+    client: redis.Redis,
+    redis_url: str,
+    session_id: str,
+    after: int,
+    stop: asyncio.Event,
+    *,
+    until: Callable[[Event], bool] | None = None,
+    idle: float | None = None,
+    on_event: Callable[[Event], Awaitable[None]] | None = None,
+) -> AsyncIterator[bytes]:
+    """SSE messages for the session's events after ``after``, live, until ``stop`` is set, an
+    event satisfies ``until``, or (with ``idle``) nothing came for ``idle`` seconds.
+    ``on_event`` runs before an event is sent (e.g. to store a final answer first)."""
+    aclient = redis.asyncio.Redis.from_url(redis_url)
+    bus = EventBus(client, async_client=aclient)
+    last, quiet_since = after, time.monotonic()
+    try:
+        while not stop.is_set():
+            wait = KEEPALIVE_SECONDS
+            if idle is not None:
+                wait = min(wait, idle - (time.monotonic() - quiet_since))
+                if wait <= 0:
+                    return
+            events = bus.asubscribe(session_id, last, stop=stop, timeout=wait, until=until)
+            async with aclosing(cast(AsyncGenerator[Event, None], events)) as stream:
+                async for event in stream:
+                    last, quiet_since = event.seq, time.monotonic()
+                    if on_event is not None:
+                        await on_event(event)
+                    yield sse_message(event)
+                    if until is not None and until(event):
+                        return
+            if not stop.is_set() and (idle is None or time.monotonic() - quiet_since < idle):
+                yield b": keepalive\n\n"
+    finally:
+        with anyio.CancelScope(shield=True):
+            await aclient.aclose()
+
+
+class EventStreamResponse(StreamingResponse):
+    """``text/event-stream`` whose producer is told about a disconnect instead of cancelled.
+
+    Starlette's StreamingResponse cancels the producer when the client goes away, which can
+    interrupt the subscription in the middle of a Redis call; here the producer gets a ``stop``
+    flag and winds down on its own, closing its connections.
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, factory: StreamFactory, headers: dict[str, str] | None = None) -> None:
+        self._stop = asyncio.Event()
+        base = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        super().__init__(factory(self._stop), headers={**base, **(headers or {})})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self._stop.set()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch)
+            try:
+                await self.stream_response(send)
+            finally:
+                tasks.cancel_scope.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self.body_iterator.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,111 @@
+"""The HTTP API application: built from one :class:`~registry.settings.Settings`, served by uvicorn.
+
+``create_app(settings)`` wires the database (SQLite by default, PostgreSQL by URL; migrated at
+start when reachable, else on first contact), the persona registry over the ``agents`` table, the
+chat store, the spawn client (Celery + Redis) and the tool catalog, then mounts the routers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import metadata
+
+import redis
+import uvicorn
+from fastapi import FastAPI
+
+from coordinator.api import agents, chat, health, skills, spawns
+from coordinator.api.deps import Database, GuardedUserStore, Services
+from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
+from coordinator.db import ChatStore, DatabaseUnavailable, database_url, make_engine
+from registry.defaults import build_registry
+from registry.settings import Settings
+from registry.sql_store import SqlUserStore
+from workers.celery_app import DEFAULT_REDIS_URL
+from workers.client import SpawnClient
+from workers.reload import RegistryFollower
+from workers.tools import default_catalog
+
+__all__ = ["MAX_BODY_BYTES", "build_services", "create_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+#: Largest request body accepted (a persona with a long prompt fits many times over).
+MAX_BODY_BYTES = 256 * 1024
+#: Seconds the probe's Redis client waits to connect or for an answer.
+PROBE_TIMEOUT = 3.0
+#: Seconds open streams get to finish when the server stops, before they are cut.
+SHUTDOWN_GRACE = 5
+
+
+def _version() -> str:
+    try:
+        return metadata.version("ongrid-personas")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_services(settings: Settings) -> Services:
+    """Everything the endpoints share. Does not fail when the database is down (see /readyz)."""
+    database = Database(make_engine(database_url(settings)))
+    try:
+        database.ensure()
+    except DatabaseUnavailable as exc:
+        log.warning("starting without the database (not ready until it answers): %s", exc)
+    users = GuardedUserStore(SqlUserStore(database.engine), database)
+    registry = build_registry(settings, users)
+    client = SpawnClient(settings)
+    # Spawns must be checked against the registry that holds the user personas.
+    # TODO(lead): SpawnClient(settings, registry=registry) once the client accepts it.
+    client.registry = registry
+    url = settings.redis_url or DEFAULT_REDIS_URL
+    return Services(
+        settings=settings,
+        database=database,
+        users=users,
+        registry=registry,
+        follower=RegistryFollower(client.redis, registry),
+        chats=ChatStore(database.engine),
+        client=client,
+        catalog=default_catalog(settings.tool_modules),
+        probe=redis.Redis.from_url(
+            url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
+        ),
+    )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """The ASGI application for ``settings``."""
+    services = build_services(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        services.close()
+
+    app = FastAPI(
+        title="Ongrid persona runtime",
+        version=_version(),
+        description="Chat with the coordinator and its specialist personas, stream their events, "
+        "manage custom personas. Every `/api` and `/v1` route needs `Authorization: Bearer`.",
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    for module in (chat, spawns, agents, skills, health):
+        app.include_router(module.router)
+    return app
+
+
+def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Serve the API with uvicorn until interrupted. Access logs carry no headers (no tokens)."""
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE,
+        proxy_headers=False,
+    )

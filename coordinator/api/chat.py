@@ -1,0 +1,268 @@
+"""Chat: sessions, turns and their event streams (SPEC §5, §6).
+
+A turn is one user message: with ``agent`` the persona is spawned directly, without it the
+coordinator's turn starts (:func:`coordinator.turns.start_turn`) and picks a specialist. The
+response streams the session's events (SSE) until the turn's spawn sends its
+``task_notification``; for a background persona, until its ``agent_tile`` (its result arrives
+later, on ``GET …/events``). A client that goes away ends only its stream, never the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query
+from starlette.concurrency import run_in_threadpool
+
+from coordinator.api import _answers
+from coordinator.api._sse import EventStreamResponse, follow
+from coordinator.api.deps import Caller, Chats, OwnedSession, Services, Svc
+from coordinator.api.errors import ApiError, Conflict
+from coordinator.api.schemas import (
+    CancelOut,
+    ChatIn,
+    ErrorOut,
+    HistoryOut,
+    MessageIn,
+    MessageOut,
+    SessionOut,
+)
+from coordinator.auth import Principal
+from coordinator.db import ChatSession
+from registry.errors import NotFoundError
+from workers.messages import Event
+from workers.spawns import SpawnRecord
+
+try:
+    from coordinator.turns import start_turn
+except ModuleNotFoundError:  # the coordinator's turn lands separately; until then: name an agent
+    start_turn = None
+
+__all__ = ["router"]
+
+_SSE_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "Server-Sent Events: `id:` the event's seq, `event:` its type (`text`, "
+        "`agent_tile`, `tool_call`, `tool_result`, `confirmation_required`, "
+        "`task_notification`), `data:` its JSON envelope (with `session_id`, `spawn_id`, `seq`).",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 501, 503)
+}
+_TITLE_LENGTH = 80
+
+router = APIRouter(prefix="/api/v1/chat", tags=["chat"], responses=_ERRORS)
+
+
+# -- turns -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Turn:
+    session_id: str
+    record: SpawnRecord
+    after: int  # the session's last seq before the turn: its stream starts after it
+
+    def ends_with(self, event: Event) -> bool:
+        if event.spawn_id != self.record.spawn_id:
+            return False
+        return event.type == "task_notification" or (
+            self.record.background and event.type == "agent_tile"
+        )
+
+
+def _check_agent(svc: Services, agent: str) -> None:
+    """404 for an unknown persona (with the names), 409 for one whose gate fails."""
+    snap = svc.snapshot()
+    snap.get(agent)
+    if agent in snap.unavailable:
+        reason = snap.unavailable[agent]
+        raise Conflict(
+            f"agent {agent!r} is unavailable: {reason}",
+            {"agent": agent, "reason": reason},
+            code="agent_unavailable",
+        )
+
+
+def _spawn(
+    svc: Services, who: Principal, session_id: str, text: str, agent: str | None, context: dict
+) -> SpawnRecord:
+    if agent:
+        return svc.client.spawn(
+            agent, text, context=context, role=who.role, user=who.user, session_id=session_id
+        )
+    if start_turn is None:
+        raise ApiError(
+            "the coordinator is not available in this build: name an agent",
+            status=501,
+            code="not_implemented",
+        )
+    return start_turn(
+        svc.client,
+        session_id=session_id,
+        prompt=text,
+        user=who.user,
+        role=who.role,
+        context=context,
+    )
+
+
+def _open_turn(
+    svc: Services,
+    who: Principal,
+    session: ChatSession | None,
+    text: str,
+    agent: str | None,
+    context: dict,
+) -> _Turn:
+    """Check the agent, start the spawn, then record the question (linked to the spawn)."""
+    if agent:
+        _check_agent(svc, agent)
+    svc.database.ensure()
+    if session is None:
+        title = " ".join(text.split())[:_TITLE_LENGTH]
+        session_id, after = svc.chats.create_session(who.user, title), 0
+    else:
+        session_id, after = session.id, svc.client.bus.last_seq(session.id)
+    try:
+        record = _spawn(svc, who, session_id, text, agent, context)
+    except BaseException:
+        if session is None:  # a refused first turn leaves no empty session behind
+            svc.chats.delete_session(session_id, who.user)
+        raise
+    svc.chats.add_message(session_id, "user", text, agent=agent, spawn_id=record.spawn_id)
+    return _Turn(session_id, record, after)
+
+
+def _turn_stream(svc: Services, turn: _Turn) -> EventStreamResponse:
+    async def settle(event: Event) -> None:
+        if event.type == "task_notification" and event.spawn_id == turn.record.spawn_id:
+            await run_in_threadpool(
+                _answers.settle, svc.chats, svc.client.store, turn.session_id, event.spawn_id
+            )
+
+    def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
+        return follow(
+            svc.client.redis,
+            svc.redis_url,
+            turn.session_id,
+            turn.after,
+            stop,
+            until=turn.ends_with,
+            on_event=settle,
+        )
+
+    headers = {"X-Session-Id": turn.session_id, "X-Spawn-Id": turn.record.spawn_id}
+    return EventStreamResponse(stream, headers=headers)
+
+
+# -- endpoints ---------------------------------------------------------------------------------
+
+
+@router.post("", status_code=200, response_class=EventStreamResponse, responses=_SSE_DOC)
+async def chat(body: ChatIn, who: Caller, svc: Svc) -> EventStreamResponse:
+    """Start a session with its first message and stream the turn (header `X-Session-Id`)."""
+    turn = await run_in_threadpool(
+        _open_turn, svc, who, None, body.prompt, body.agent, body.context
+    )
+    return _turn_stream(svc, turn)
+
+
+@router.get("/sessions", response_model=list[SessionOut])
+def list_sessions(
+    who: Caller, store: Chats, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> list[dict[str, Any]]:
+    """The caller's sessions, most recently active first."""
+    return [s.as_dict() for s in store.list_sessions(who.user, limit=limit)]
+
+
+@router.post(
+    "/sessions/{session_id}/messages",
+    status_code=200,
+    response_class=EventStreamResponse,
+    responses=_SSE_DOC,
+)
+async def post_message(
+    body: MessageIn, session: OwnedSession, who: Caller, svc: Svc
+) -> EventStreamResponse:
+    """Add a message to a session and stream the turn it starts."""
+    turn = await run_in_threadpool(
+        _open_turn, svc, who, session, body.content, body.agent, body.context
+    )
+    return _turn_stream(svc, turn)
+
+
+@router.get(
+    "/sessions/{session_id}/events",
+    status_code=200,
+    response_class=EventStreamResponse,
+    responses=_SSE_DOC,
+)
+async def session_events(
+    session: OwnedSession,
+    svc: Svc,
+    after: Annotated[int | None, Query(ge=0, description="Resume after this seq.")] = None,
+    last_event_id: Annotated[
+        int | None,
+        Header(alias="Last-Event-ID", ge=0, description="Resume after this seq (wins over after)."),
+    ] = None,
+    until_idle: Annotated[
+        float | None,
+        Query(gt=0, le=86_400, description="End the stream after this many quiet seconds."),
+    ] = None,
+) -> EventStreamResponse:
+    """The session's events after `Last-Event-ID` (or `after`), then live, until disconnect."""
+    start = last_event_id if last_event_id is not None else (after or 0)
+
+    async def settle(event: Event) -> None:
+        if event.type == "task_notification":
+            await run_in_threadpool(
+                _answers.settle, svc.chats, svc.client.store, session.id, event.spawn_id
+            )
+
+    def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
+        return follow(
+            svc.client.redis,
+            svc.redis_url,
+            session.id,
+            start,
+            stop,
+            idle=until_idle,
+            on_event=settle,
+        )
+
+    return EventStreamResponse(stream, headers={"X-Session-Id": session.id})
+
+
+@router.get("/sessions/{session_id}", response_model=HistoryOut)
+def history(session: OwnedSession, store: Chats, svc: Svc) -> dict[str, Any]:
+    """The session and its messages: each question, then its turn's final answer."""
+    _answers.settle_all(store, svc.client.store, session.id)
+    messages = _answers.in_turn_order(store.messages(session.id))
+    return {
+        "session": session.as_dict(),
+        "messages": [MessageOut.model_validate(m.as_dict()) for m in messages],
+    }
+
+
+@router.post(
+    "/sessions/{session_id}/spawns/{spawn_id}/cancel", status_code=202, response_model=CancelOut
+)
+def cancel(session: OwnedSession, spawn_id: str, svc: Svc) -> CancelOut:
+    """Ask a running spawn of the session to stop; it ends with a `cancelled` notification."""
+    record = svc.client.store.get(spawn_id)
+    if record is None or record.session_id != session.id:
+        raise NotFoundError("spawn", spawn_id)
+    if record.finished:
+        raise Conflict(
+            f"spawn {spawn_id} already ended ({record.status})",
+            {"status": record.status},
+            code="spawn_finished",
+        )
+    svc.client.cancel(spawn_id)
+    return CancelOut(spawn_id=spawn_id)

@@ -1,0 +1,1000 @@
+"""The HTTP API over real HTTP: uvicorn on a free port, real Redis, a real database, real workers.
+
+- Redis: database 11, flushed before and after each test.
+- Database: a SQLite file per test; the persona CRUD tests also run on PostgreSQL (a fresh database
+  per test on the server in ``ONGRID_TEST_POSTGRES_URL``, skipped when it does not answer).
+- Spawns: a ``python -m coordinator worker`` process per test that needs one, with the fake
+  OpenAI server (:mod:`workers.testing.fake_openai`, one per module, rules set per test) as its
+  model. Its log is printed when the test fails.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+import redis
+import uvicorn
+import yaml
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from coordinator.api import create_app
+from coordinator.db import make_engine, upgrade
+from registry.settings import Settings, TokenGrant, token_digest
+from workers.spawns import SpawnRecord
+from workers.testing.fake_openai import start_subprocess
+
+try:
+    import coordinator.turns  # noqa: F401
+
+    has_turns = True
+except ModuleNotFoundError:
+    has_turns = False
+
+REDIS_URL = "redis://127.0.0.1:6379/11"
+#: The spawn tests' database: flushed around the module (its worker outlives each test).
+WORKER_REDIS_URL = "redis://127.0.0.1:6379/10"
+MODEL = "openai/gpt-4o-mini"
+PG_ADMIN_URL = os.environ.get(
+    "ONGRID_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+#: Tokens of the test's users: alice and carol are admins, bob a viewer.
+TOKENS = {
+    "alice": ("alice-admin-token-0000001", "admin"),
+    "carol": ("carol-admin-token-0000003", "admin"),
+    "bob": ("bob-viewer-token-00000002", "viewer"),
+}
+WORKER_START = 90.0
+T = TypeVar("T")
+
+
+def _worker_reads_user_personas() -> bool:
+    import workers.runtime
+
+    return "SqlUserStore" in inspect.getsource(workers.runtime)
+
+
+needs_user_personas_on_workers = pytest.mark.skipif(
+    not _worker_reads_user_personas(),
+    reason="the worker runtime does not read user personas from the database yet",
+)
+needs_turns = pytest.mark.skipif(not has_turns, reason="coordinator.turns is not there yet")
+
+
+def migrate(url: str) -> None:
+    engine = make_engine(url)
+    try:
+        upgrade(engine)
+    finally:
+        engine.dispose()
+
+
+def wait_for(predicate: Callable[[], T], timeout: float, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- SSE -------------------------------------------------------------------------------------------
+
+
+def sse(response: httpx.Response) -> Iterator[dict[str, Any]]:
+    """The SSE messages of a streaming response: ``{"id", "event", "data"}`` each."""
+    fields: dict[str, str] = {}
+    for line in response.iter_lines():
+        if not line:
+            if "data" in fields:
+                yield {
+                    "id": int(fields["id"]),
+                    "event": fields["event"],
+                    "data": json.loads(fields["data"]),
+                }
+            fields = {}
+        elif not line.startswith(":"):
+            key, _, value = line.partition(":")
+            fields[key] = value.removeprefix(" ")
+
+
+def read_all(response: httpx.Response) -> list[dict[str, Any]]:
+    assert response.status_code == 200, response.read()
+    assert response.headers["content-type"].startswith("text/event-stream")
+    return list(sse(response))
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["data"]["text"] for e in events if e["event"] == "text")
+
+
+# -- the fake model ------------------------------------------------------------------------------
+
+
+class Fake:
+    def __init__(self) -> None:
+        self.proc, self.base_url = start_subprocess(None)
+        self.root = self.base_url.removesuffix("/v1")
+
+    def script(self, rules: list[dict[str, Any]]) -> None:
+        httpx.post(f"{self.root}/_reset", timeout=10).raise_for_status()
+        httpx.post(f"{self.root}/_script", json=rules, timeout=10).raise_for_status()
+
+    def requests(self) -> list[dict[str, Any]]:
+        return httpx.get(f"{self.root}/_requests", timeout=10).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def first_user(request: dict[str, Any]) -> str:
+    return next(str(m["content"]) for m in request["messages"] if m["role"] == "user")
+
+
+def system_of(request: dict[str, Any]) -> str:
+    return str(request["messages"][0]["content"])
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[Fake]:
+    server = Fake()
+    yield server
+    server.stop()
+
+
+# -- the site: Redis, database, agents directory ---------------------------------------------------
+
+
+@pytest.fixture
+def redis_db() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_admin() -> Iterator[tuple[Engine | None, str]]:
+    admin = None
+    try:
+        admin = create_engine(
+            PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
+        )
+        with admin.connect():
+            pass
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        yield None, f"PostgreSQL not reachable at {PG_ADMIN_URL}: {reason}"
+    else:
+        yield admin, ""
+    finally:
+        if admin is not None:
+            admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ongrid.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'ongrid.db'}"
+        return
+    admin, reason = request.getfixturevalue("postgres_admin")
+    if admin is None:
+        pytest.skip(reason)
+    name = f"ongrid_api_{uuid.uuid4().hex}"
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    yield admin.url.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class Site:
+    """A working directory with ``agents/`` and ``marketplace/``, shared by the API and workers."""
+
+    def __init__(self, root: Path, db_url: str, redis_url: str = REDIS_URL) -> None:
+        self.root, self.db_url, self.redis_url = root, db_url, redis_url
+        self.agents = root / "agents"
+        self.marketplace = root / "marketplace"
+        self.agents.mkdir(parents=True)
+        self.marketplace.mkdir()
+
+    def persona(self, name: str, body: str = "", **fields: Any) -> Path:
+        front = {
+            "name": name,
+            "description": f"Test persona {name}.",
+            "when_to_use": f"When a test needs {name}.",
+            "model": MODEL,
+            **fields,
+        }
+        path = self.agents / f"{name}.md"
+        text = f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n{body or f'# {name}'}\n"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def settings(self, **overrides: Any) -> Settings:
+        grants = {token_digest(t): TokenGrant(user=u, role=r) for u, (t, r) in TOKENS.items()}
+        values: dict[str, Any] = {
+            "agents_dir": self.agents,
+            "marketplace_root": self.marketplace,
+            "redis_url": self.redis_url,
+            "database_url": self.db_url,
+            "data_dir": self.root / ".ongrid",
+            "token_grants": grants,
+        }
+        return Settings(**{**values, **overrides})
+
+
+# -- the API server --------------------------------------------------------------------------------
+
+
+class Api:
+    """The app under uvicorn in a thread, on a free port."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.app = create_app(settings)
+        self.services = self.app.state.services
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        config = uvicorn.Config(
+            self.app, log_config=None, access_log=False, timeout_graceful_shutdown=2
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="api", daemon=True
+        )
+        self._thread.start()
+        wait_for(lambda: self._server.started, 20, "the API server to start")
+        self._clients: list[httpx.Client] = []
+
+    def client(self, user: str | None = "alice", token: str | None = None) -> httpx.Client:
+        headers = {}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        elif user is not None:
+            headers["Authorization"] = f"Bearer {TOKENS[user][0]}"
+        made = httpx.Client(base_url=self.base_url, headers=headers, timeout=60)
+        self._clients.append(made)
+        return made
+
+    def close(self) -> None:
+        for made in self._clients:
+            made.close()
+        self._server.should_exit = True
+        self._thread.join(timeout=15)
+
+
+@pytest.fixture
+def site(tmp_path: Path, sqlite_url: str) -> Site:
+    return Site(tmp_path / "site", sqlite_url)
+
+
+@pytest.fixture
+def api(site: Site, redis_db: redis.Redis) -> Iterator[Api]:
+    server = Api(site.settings())
+    yield server
+    server.close()
+
+
+# -- workers ---------------------------------------------------------------------------------------
+
+
+class Worker:
+    QUEUES = "ongrid.interactive,ongrid.background,ongrid.coordinator"
+
+    def __init__(self, site: Site, fake: Fake) -> None:
+        self.log_path = site.root / f"worker-{time.monotonic_ns()}.log"
+        dropped = ("ONGRID_", "OPENAI_", "ANTHROPIC_", "REDIS_", "LITELLM_", "CELERY", "FAKE_")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+        env.update(
+            REDIS_URL=site.redis_url,
+            ONGRID_DATABASE_URL=site.db_url,
+            ONGRID_MARKETPLACE_ROOT=str(site.marketplace),
+            ONGRID_DEFAULT_PROVIDER="openai",
+            ONGRID_DEFAULT_MODEL=MODEL,
+            OPENAI_API_BASE=fake.base_url,
+            OPENAI_API_KEY="sk-test",
+            PYTHONUNBUFFERED="1",
+        )
+        argv = [sys.executable, "-m", "coordinator", "worker", "-c", "8", "--loglevel=INFO"]
+        argv.append(f"--queues={self.QUEUES}")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=site.root, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_for(
+            lambda: " ready." in self.log() or self.proc.poll() is not None,
+            WORKER_START,
+            "the worker to be ready",
+        )
+        assert self.proc.poll() is None, self.log()
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+class Cluster:
+    """One worker for the module's spawn tests (a worker's first spawn imports litellm, ~10 s),
+    its site (agents directory, SQLite file) and its own Redis database."""
+
+    def __init__(self, root: Path, fake: Fake) -> None:
+        self.redis = redis.Redis.from_url(WORKER_REDIS_URL)
+        self.redis.flushdb()
+        self.fake = fake
+        self.site = Site(root, f"sqlite:///{root / 'ongrid.db'}", WORKER_REDIS_URL)
+        self.site.persona("warm_up")
+        migrate(self.site.db_url)  # as a deployment does before its workers start
+        self.worker = Worker(self.site, fake)
+        try:
+            self._warm_up()
+        except BaseException:
+            print(self.worker.log())
+            self.close()
+            raise
+
+    def _warm_up(self) -> None:
+        from workers.client import SpawnClient
+
+        client = SpawnClient(self.site.settings())
+        try:
+            record = client.spawn("warm_up", "warm up")
+            done = client.wait(record.spawn_id, timeout=WORKER_START)
+            assert done.status == "ok", done.error
+        finally:
+            client.redis.close()
+
+    def close(self) -> None:
+        self.worker.stop()
+        self.redis.flushdb()
+        self.redis.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, fake: Fake) -> Iterator[Cluster]:
+    made = Cluster(tmp_path_factory.mktemp("cluster") / "site", fake)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def spawning(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Api]:
+    """An API on the cluster's site; the worker's log is printed if the test fails."""
+    server = Api(cluster.site.settings())
+    start = len(cluster.worker.log())
+    yield server
+    server.close()
+    reports = (getattr(request.node, f"rep_{when}", None) for when in ("setup", "call"))
+    if any(r is not None and r.failed for r in reports):
+        print(f"\n===== worker log =====\n{cluster.worker.log()[start:]}")
+
+
+def error_of(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"} and {"code", "message", "details"} <= set(body["error"])
+    return body["error"]
+
+
+# == health ========================================================================================
+
+
+def test_healthz_and_readyz(api: Api):
+    anonymous = api.client(user=None)
+    assert anonymous.get("/healthz").json() == {"status": "ok"}
+    ready = anonymous.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ok", "checks": {"redis": "ok", "database": "ok"}}
+
+
+def test_readyz_503_when_the_database_is_down(site: Site, redis_db: redis.Redis):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    server = Api(site.settings(database_url=f"postgresql://postgres@127.0.0.1:{dead}/test"))
+    try:
+        client = server.client()
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        body = ready.json()
+        assert body["status"] == "unavailable" and body["checks"]["redis"] == "ok"
+        assert f"127.0.0.1:{dead}" in body["checks"]["database"]
+        assert "unreachable" in body["checks"]["database"]
+        # The API still serves what needs no database, and says why the rest fails.
+        assert "generalist" in [a["name"] for a in client.get("/api/v1/agents").json()]
+        warnings = client.get("/api/v1/agents/warnings").json()
+        assert any("user personas could not be read" in w["reason"] for w in warnings)
+        sessions = client.get("/api/v1/chat/sessions")
+        assert sessions.status_code == 503
+        assert error_of(sessions)["code"] == "database_unavailable"
+    finally:
+        server.close()
+
+
+# == auth and bad input ============================================================================
+
+
+def test_auth_rules(api: Api):
+    anonymous = api.client(user=None)
+    missing = anonymous.get("/api/v1/agents")
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert error_of(missing)["code"] == "unauthorized"
+    bad = api.client(token="not-a-token-anybody-has")
+    refused = bad.get("/api/v1/agents")
+    assert refused.status_code == 401
+    assert refused.headers["www-authenticate"] == 'Bearer error="invalid_token"'
+    assert "not-a-token" not in refused.text
+    assert api.client(user=None).post("/v1/agents/custom", json={}).status_code == 401
+
+    viewer = api.client("bob")
+    assert viewer.get("/api/v1/agents").status_code == 200
+    persona = {"name": "x_agent", "description": "d", "when_to_use": "w"}
+    for response in (
+        viewer.post("/v1/agents/custom", json=persona),
+        viewer.patch("/v1/agents/custom/generalist", json={"description": "x"}),
+        viewer.delete("/v1/agents/custom/generalist"),
+        viewer.post("/api/v1/agents/reload"),
+        viewer.post("/api/v1/spawns/abc/decisions", json={"call_id": "c", "approve": True}),
+    ):
+        assert response.status_code == 403, response.text
+        assert "viewer" in error_of(response)["message"]
+    assert api.client().get("/api/v1/agents/x_agent").status_code == 404  # nothing was made
+
+
+def test_another_users_session_and_spawn_are_404(api: Api):
+    services = api.services
+    session_id = services.chats.create_session("alice", "alice's")
+    services.chats.add_message(session_id, "user", "hello", spawn_id="s1")
+    record = SpawnRecord(session_id=session_id, persona="generalist", prompt="hello", user="alice")
+    services.client.store.create(record)
+    alice, bob = api.client("alice"), api.client("bob")
+    assert alice.get(f"/api/v1/chat/sessions/{session_id}").status_code == 200
+    assert alice.get(f"/api/v1/spawns/{record.spawn_id}").json()["status"] == "queued"
+    for response in (
+        bob.get(f"/api/v1/chat/sessions/{session_id}"),
+        bob.get(f"/api/v1/chat/sessions/{session_id}/events"),
+        bob.post(f"/api/v1/chat/sessions/{session_id}/messages", json={"content": "hi"}),
+        bob.post(f"/api/v1/chat/sessions/{session_id}/spawns/{record.spawn_id}/cancel"),
+        bob.get(f"/api/v1/spawns/{record.spawn_id}"),
+        alice.get("/api/v1/chat/sessions/no-such-session"),
+    ):
+        assert response.status_code == 404, response.text
+        assert error_of(response)["code"] == "not_found"
+    assert bob.get("/api/v1/chat/sessions").json() == []
+    assert [s["id"] for s in alice.get("/api/v1/chat/sessions").json()] == [session_id]
+
+
+def test_bad_bodies_get_clear_4xx_and_change_nothing(api: Api):
+    client = api.client()
+    big = client.post("/api/v1/chat", json={"prompt": "x" * (300 * 1024)})
+    assert big.status_code == 413 and error_of(big)["code"] == "payload_too_large"
+    chunked = client.post(
+        "/v1/agents/custom",
+        content=iter([b'{"name": "big", "body": "', b"y" * (300 * 1024), b'"}']),
+        headers={"Content-Type": "application/json"},
+    )
+    assert chunked.status_code == 413
+    malformed = client.post(
+        "/api/v1/chat", content=b'{"prompt": ', headers={"Content-Type": "application/json"}
+    )
+    assert malformed.status_code == 422
+    assert "malformed JSON" in error_of(malformed)["message"]
+    unknown = client.post("/api/v1/chat", json={"prompt": "hi", "colour": "red"})
+    assert unknown.status_code == 422
+    assert error_of(unknown)["details"]["problems"][0]["field"] == "colour"
+    wrong_type = client.post("/api/v1/chat", json={"prompt": ["hi"]})
+    assert wrong_type.status_code == 422
+    nul = client.post("/api/v1/chat", json={"prompt": "a\u0000b"})
+    assert nul.status_code == 422 and "NUL" in error_of(nul)["message"]
+    assert client.get("/api/v1/chat/sessions").json() == []
+    not_json = client.post("/api/v1/chat", content=b"prompt=hi")
+    assert not_json.status_code == 422
+    assert client.get("/no/such/route").status_code == 404
+    assert error_of(client.put("/api/v1/agents")).get("code") == "method_not_allowed"
+    bad_header = client.get("/api/v1/chat/sessions/x/events", headers={"Last-Event-ID": "soon"})
+    assert bad_header.status_code in (404, 422)
+
+
+def test_unknown_or_unavailable_agent_starts_nothing(api: Api, site: Site):
+    site.persona("gated_agent", metadata={"requires": {"bins": ["no-such-binary-ongrid-test"]}})
+    client = api.client()
+    client.post("/api/v1/agents/reload").raise_for_status()
+    unknown = client.post("/api/v1/chat", json={"prompt": "hi", "agent": "nobody"})
+    assert unknown.status_code == 404
+    details = error_of(unknown)["details"]
+    assert details["name"] == "nobody" and "generalist" in details["choices"]
+    gated = client.post("/api/v1/chat", json={"prompt": "hi", "agent": "gated_agent"})
+    assert gated.status_code == 409
+    assert "no-such-binary-ongrid-test" in error_of(gated)["message"]
+    assert client.get("/api/v1/chat/sessions").json() == []
+    listed = {a["name"]: a for a in client.get("/api/v1/agents").json()}
+    assert listed["gated_agent"]["available"] is False
+    assert "no-such-binary" in listed["gated_agent"]["unavailable_reason"]
+
+
+# == agents ========================================================================================
+
+
+def _persona(name: str, **fields: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": f"{name} description",
+        "when_to_use": f"When {name} fits.\nSecond line.",
+        "model": MODEL,
+        "body": f"# {name}\n\nYou are {name}.\n",
+        **fields,
+    }
+
+
+@pytest.fixture
+def any_db_api(tmp_path: Path, any_db_url: str, redis_db: redis.Redis) -> Iterator[Api]:
+    site = Site(tmp_path / "site", any_db_url)
+    site.persona("disk_doctor", body="# Disk doctor (from disk)")
+    server = Api(site.settings())
+    yield server
+    server.close()
+
+
+def test_custom_persona_lifecycle(any_db_api: Api, redis_db: redis.Redis):
+    client = any_db_api.client()
+    version = int(redis_db.get("ongrid:registry:version") or 0)
+    created = client.post(
+        "/v1/agents/custom", json=_persona("net_checker", effort="high", tools="query_*, bash")
+    )
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert (body["source"], body["shadows"], body["notice"]) == ("user", None, None)
+    assert body["tools"] == ["query_*", "bash"] and body["unknown_fields"] == {"effort": "high"}
+    assert body["registry_version"] == version + 1 == int(redis_db.get("ongrid:registry:version"))
+    assert created.headers["location"] == "/api/v1/agents/net_checker"
+    assert (
+        client.get("/api/v1/agents/net_checker").json()["body"]
+        == "# net_checker\n\nYou are net_checker.\n"
+    )
+
+    again = client.post("/v1/agents/custom", json=_persona("net_checker"))
+    assert again.status_code == 409 and "PATCH" in error_of(again)["message"]
+
+    patched = client.patch(
+        "/v1/agents/custom/net_checker", json={"description": "v2", "max_turns": 3, "model": None}
+    )
+    assert patched.status_code == 200, patched.text
+    assert (patched.json()["description"], patched.json()["max_turns"]) == ("v2", 3)
+    assert patched.json()["model"] == "" and patched.json()["unknown_fields"] == {"effort": "high"}
+    renamed = client.patch("/v1/agents/custom/net_checker", json={"name": "other"})
+    assert renamed.status_code == 422
+    assert error_of(renamed)["details"]["problems"][0]["field"] == "name"
+    nulled = client.patch("/v1/agents/custom/net_checker", json={"description": None})
+    assert nulled.status_code == 422
+    missing = client.patch("/v1/agents/custom/nobody", json={"description": "x"})
+    assert missing.status_code == 404 and "net_checker" in error_of(missing)["details"]["choices"]
+
+    assert client.delete("/v1/agents/custom/net_checker").status_code == 204
+    assert client.get("/api/v1/agents/net_checker").status_code == 404
+    assert client.delete("/v1/agents/custom/net_checker").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"name": "Bad Name"}, "name"),
+        ({"permission_mode": "yolo"}, "permission_mode"),
+        ({"max_turns": -1}, "max_turns"),
+        ({"metadata": {"os": 3}}, "metadata.os"),
+        ({"initial_prompt": "{{range .x}}{{end}}"}, "initial_prompt"),
+        ({"source": "builtin"}, ""),
+        ({"description": "   "}, "description"),
+    ],
+)
+def test_invalid_persona_is_422_naming_the_field_and_changes_nothing(
+    api: Api, change: dict[str, Any], field: str
+):
+    client = api.client()
+    before = client.get("/api/v1/agents").json()
+    response = client.post("/v1/agents/custom", json={**_persona("fine_name"), **change})
+    assert response.status_code == 422, response.text
+    problems = error_of(response)["details"]["problems"]
+    assert field in [p["field"] for p in problems], problems
+    assert client.get("/api/v1/agents").json() == before
+
+
+def test_builtin_and_disk_personas_are_read_only_and_shadowed_by_name(any_db_api: Api):
+    client = any_db_api.client()
+    for name, words in (("generalist", "builtin"), ("disk_doctor", "disk persona")):
+        for response in (
+            client.patch(f"/v1/agents/custom/{name}", json={"description": "x"}),
+            client.delete(f"/v1/agents/custom/{name}"),
+        ):
+            assert response.status_code == 409, response.text
+            error = error_of(response)
+            assert error["code"] == "read_only" and words in error["message"]
+            assert "user persona with the same name" in error["message"]
+    disk = client.get("/api/v1/agents/disk_doctor").json()
+    assert disk["source"] == "disk" and disk["path"].endswith("disk_doctor.md")
+
+    shadow = client.post("/v1/agents/custom", json=_persona("disk_doctor"))
+    assert shadow.status_code == 201, shadow.text
+    assert (
+        shadow.json()["shadows"] == "disk" and "shadows the disk persona" in shadow.json()["notice"]
+    )
+    now = client.get("/api/v1/agents/disk_doctor").json()
+    assert (now["source"], now["shadows"], now["body"]) == (
+        "user",
+        "disk",
+        "# disk_doctor\n\nYou are disk_doctor.\n",
+    )
+    builtin_override = client.post("/v1/agents/custom", json=_persona("generalist"))
+    assert builtin_override.json()["shadows"] == "builtin"
+
+    assert client.delete("/v1/agents/custom/disk_doctor").status_code == 204
+    restored = client.get("/api/v1/agents/disk_doctor").json()
+    assert restored["source"] == "disk" and restored["body"].startswith("# Disk doctor (from disk)")
+
+
+def test_warnings_and_reload(api: Api, site: Site, redis_db: redis.Redis):
+    client = api.client()
+    (site.agents / "broken.md").write_text("no frontmatter here\n")
+    site.persona("late_arrival")
+    assert client.get("/api/v1/agents/late_arrival").status_code == 404
+    reloaded = client.post("/api/v1/agents/reload")
+    assert reloaded.status_code == 200
+    assert reloaded.json()["registry_version"] == int(redis_db.get("ongrid:registry:version"))
+    assert client.get("/api/v1/agents/late_arrival").json()["source"] == "disk"
+    warnings = client.get("/api/v1/agents/warnings").json()
+    assert [w["path"] for w in warnings] == [str(site.agents / "broken.md")]
+    assert "frontmatter" in warnings[0]["reason"]
+
+
+def test_a_reload_broadcast_elsewhere_reaches_this_api(api: Api, site: Site):
+    from workers.reload import broadcast_reload
+
+    site.persona("seen_after_broadcast")
+    assert api.client().get("/api/v1/agents/seen_after_broadcast").status_code == 404
+    broadcast_reload(api.services.client.redis)  # e.g. `ongrid agents reload` on another host
+    assert api.client().get("/api/v1/agents/seen_after_broadcast").status_code == 200
+
+
+def test_skills_by_role_and_by_agent(api: Api, site: Site):
+    site.persona(
+        "fixer",
+        tools=["host_*", "query_promql", "no_such_tool"],
+        permission_mode="mutating-with-confirm",
+    )
+    api.client().post("/api/v1/agents/reload").raise_for_status()
+    admin = api.client().get("/api/v1/skills").json()
+    names = {t["name"]: t for t in admin["tools"]}
+    assert admin["role"] == "admin" and "spawn_agent" not in names
+    assert names["host_reboot"]["class"] == "destructive" and names["bash"]["class"] == "read"
+    viewer = api.client("bob").get("/api/v1/skills").json()
+    assert {t["name"] for t in viewer["tools"]} <= {
+        n for n in names if n.startswith(("query_", "search_", "find_", "expand_", "get_"))
+    } | {"host_probe", "read_repo"}
+    assert "bash" not in {t["name"] for t in viewer["tools"]}
+
+    bag = api.client().get("/api/v1/skills", params={"agent": "fixer"}).json()
+    entries = {t["name"]: t["confirmation"] for t in bag["tools"]}
+    assert bag["agent"] == "fixer"
+    assert entries["host_probe"] == "none" and entries["host_restart_service"] == "once"
+    assert "host_reboot" not in entries
+    dropped = {d["name"]: d["reason"] for d in bag["dropped"]}
+    assert "permission_mode" in dropped["host_reboot"] and "catalog" in dropped["no_such_tool"]
+    unknown = api.client().get("/api/v1/skills", params={"agent": "nobody"})
+    assert unknown.status_code == 404 and "fixer" in error_of(unknown)["details"]["choices"]
+
+
+# == spawns through a real worker ==================================================================
+
+
+def _reload(api: Api) -> httpx.Client:
+    client = api.client()
+    client.post("/api/v1/agents/reload").raise_for_status()
+    return client
+
+
+def test_direct_spawn_with_context_streams_the_turn_and_keeps_history(
+    spawning: Api, cluster: Cluster
+):
+    cluster.site.persona(
+        "incident_investigator",
+        body="# Incident investigator",
+        initial_prompt="Investigating incident {{.incident_id}} on device {{.device_id}}.",
+    )
+    cluster.fake.script(
+        [{"match": "db1", "reply": {"content": "Root cause: the disk of db1 is full."}}]
+    )
+    client = _reload(spawning)
+    request = {
+        "prompt": "Why is db1 read-only?",
+        "agent": "incident_investigator",
+        "context": {"incident_id": 4217, "device_id": 102},
+    }
+    with client.stream("POST", "/api/v1/chat", json=request) as response:
+        events = read_all(response)
+        session_id, spawn_id = response.headers["x-session-id"], response.headers["x-spawn-id"]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "agent_tile" and kinds[-1] == "task_notification" and "text" in kinds
+    assert all(e["data"]["session_id"] == session_id for e in events)
+    assert [e["id"] for e in events] == [e["data"]["seq"] for e in events]
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    assert events[0]["data"]["persona"] == "incident_investigator"
+    note = events[-1]["data"]
+    assert (note["spawn_id"], note["status"]) == (spawn_id, "ok")
+    assert text_of(events) == note["message"] == "Root cause: the disk of db1 is full."
+    sent = [r for r in cluster.fake.requests() if "db1" in first_user(r)]
+    assert first_user(sent[0]).startswith("Investigating incident 4217 on device 102.")
+
+    history = client.get(f"/api/v1/chat/sessions/{session_id}").json()
+    assert [(m["role"], m["content"], m["agent"], m["spawn_id"]) for m in history["messages"]] == [
+        ("user", "Why is db1 read-only?", "incident_investigator", spawn_id),
+        ("assistant", note["message"], "incident_investigator", spawn_id),
+    ]
+    transcript = client.get(f"/api/v1/spawns/{spawn_id}").json()
+    assert transcript["status"] == "ok" and transcript["model"] == MODEL
+    assert (transcript["persona"], transcript["persona_source"]) == (
+        "incident_investigator",
+        "disk",
+    )
+    assert transcript["context"] == {"incident_id": 4217, "device_id": 102}
+    assert [m["role"] for m in transcript["messages"]][:2] == ["system", "user"]
+    assert transcript["messages"][-1]["role"] == "assistant"
+    assert transcript["usage"]["total"]["model_calls"] == len(transcript["usage"]["turns"]) == 1
+    assert spawning.client("carol").get(f"/api/v1/spawns/{spawn_id}").status_code == 404
+
+    # A follow-up in the same session streams only its own turn.
+    follow_up = {"content": "And db1 now?", "agent": "incident_investigator"}
+    url = f"/api/v1/chat/sessions/{session_id}/messages"
+    with client.stream("POST", url, json=follow_up) as response:
+        second = read_all(response)
+    assert second[0]["id"] == len(events) + 1 and second[-1]["event"] == "task_notification"
+    assert len(client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]) == 4
+
+
+def test_background_spawn_notifies_later_and_history_fills_in_without_the_stream(
+    spawning: Api, cluster: Cluster
+):
+    cluster.site.persona("slow_investigator", background=True)
+    cluster.fake.script([{"match": "", "reply": {"content": "Background answer."}, "delay": 3}])
+    client = _reload(spawning)
+    body = {"prompt": "Dig deep.", "agent": "slow_investigator"}
+    with client.stream("POST", "/api/v1/chat", json=body) as response:
+        events = read_all(response)
+        session_id, spawn_id = response.headers["x-session-id"], response.headers["x-spawn-id"]
+    # The turn ends at the tile: the caller does not wait for the (slow) model call.
+    assert [e["event"] for e in events] == ["agent_tile"]
+    assert events[0]["data"]["background"] is True
+    assert client.get(f"/api/v1/spawns/{spawn_id}").json()["status"] in ("queued", "running")
+
+    # Nobody reads the stream: the history still gets the answer once the spawn is done.
+    def answered() -> list[dict[str, Any]] | None:
+        messages = client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]
+        return messages if len(messages) == 2 else None
+
+    messages = wait_for(answered, 60, "the background answer in the history")
+    assert (messages[1]["role"], messages[1]["content"]) == ("assistant", "Background answer.")
+
+    # The notification is on the session stream, after the tile.
+    with client.stream(
+        "GET",
+        f"/api/v1/chat/sessions/{session_id}/events",
+        params={"until_idle": 1},
+        headers={"Last-Event-ID": str(events[0]["id"])},
+    ) as response:
+        later = read_all(response)
+    note = later[-1]
+    assert note["event"] == "task_notification" and note["data"]["spawn_id"] == spawn_id
+    assert note["data"]["message"] == "Background answer."
+    assert later[0]["id"] == events[0]["id"] + 1
+    assert len(client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]) == 2
+
+
+def test_sse_reconnect_with_last_event_id_misses_and_repeats_nothing(
+    spawning: Api, cluster: Cluster
+):
+    cluster.site.persona("prober", tools=["get_edge_summary"])
+    words = " ".join(f"word{i}" for i in range(30))
+    cluster.fake.script(
+        [
+            {"turn": 0, "reply": {"tool_calls": [{"name": "get_edge_summary"}]}, "delay": 0.5},
+            {"turn": 1, "reply": {"content": words}, "delay": 1.5},
+        ]
+    )
+    client = _reload(spawning)
+    session_id = spawning.services.chats.create_session("alice", "reconnect")
+    events_url = f"/api/v1/chat/sessions/{session_id}/events"
+
+    def start_turn() -> None:  # through another connection, while the test's one listens
+        body = {"content": "probe it", "agent": "prober"}
+        url = f"/api/v1/chat/sessions/{session_id}/messages"
+        with spawning.client().stream("POST", url, json=body) as response:
+            read_all(response)
+
+    turn = threading.Thread(target=start_turn, daemon=True)
+    seen: list[dict[str, Any]] = []
+    with client.stream("GET", events_url) as listening:
+        assert listening.status_code == 200
+        turn.start()
+        for event in sse(listening):
+            seen.append(event)
+            if event["event"] == "tool_call":
+                break  # the client drops the connection mid-turn
+    with client.stream("GET", events_url, headers={"Last-Event-ID": str(seen[-1]["id"])}) as again:
+        for event in sse(again):
+            seen.append(event)
+            if event["event"] == "task_notification":
+                break
+    turn.join(timeout=60)
+    # Each dropped connection ended its subscription (and only that: the turn ran to the end).
+    channel = f"ongrid:live:{session_id}"
+    wait_for(
+        lambda: dict(cluster.redis.pubsub_numsub(channel))[channel.encode()] == 0,
+        10,
+        "the streams' subscriptions to end",
+    )
+    ids = [e["id"] for e in seen]
+    assert ids == list(range(1, len(ids) + 1)), ids
+    assert text_of(seen) == words
+    assert [e.seq for e in spawning.services.client.bus.history(session_id)] == ids
+
+
+def test_cancel_a_running_spawn(spawning: Api, cluster: Cluster):
+    cluster.site.persona("sleepy")
+    cluster.fake.script([{"match": "", "reply": {"content": "too late"}, "delay": 3}])
+    client = _reload(spawning)
+    body = {"prompt": "take your time", "agent": "sleepy"}
+    with client.stream("POST", "/api/v1/chat", json=body) as response:
+        session_id, spawn_id = response.headers["x-session-id"], response.headers["x-spawn-id"]
+        events = sse(response)
+        assert next(events)["event"] == "agent_tile"
+        cancel_url = f"/api/v1/chat/sessions/{session_id}/spawns/{spawn_id}/cancel"
+        cancelled = client.post(cancel_url)
+        assert cancelled.status_code == 202
+        assert cancelled.json() == {"spawn_id": spawn_id, "status": "cancel_requested"}
+        rest = list(events)
+    assert rest[-1]["event"] == "task_notification"
+    assert rest[-1]["data"]["status"] == "cancelled"
+    again = client.post(cancel_url)
+    assert again.status_code == 409 and error_of(again)["code"] == "spawn_finished"
+    messages = client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]
+    assert messages[-1]["role"] == "system" and "cancelled" in messages[-1]["content"]
+
+
+def test_decisions_need_the_approve_permission_and_resume_the_spawn(
+    spawning: Api, cluster: Cluster
+):
+    cluster.site.persona(
+        "restarter", tools=["host_restart_service"], permission_mode="mutating-with-confirm"
+    )
+    restart = {"name": "host_restart_service", "arguments": {"unit": "nginx"}}
+    cluster.fake.script(
+        [
+            {"turn": 0, "reply": {"tool_calls": [restart]}},
+            {"turn": 1, "reply": {"content": "Left nginx alone."}},
+        ]
+    )
+    client = _reload(spawning)
+    body = {"prompt": "restart nginx", "agent": "restarter"}
+    with client.stream("POST", "/api/v1/chat", json=body) as response:
+        spawn_id = response.headers["x-spawn-id"]
+        events = sse(response)
+        asking = next(e for e in events if e["event"] == "confirmation_required")["data"]
+        decision = {"call_id": asking["call_id"], "approve": False}
+        url = f"/api/v1/spawns/{spawn_id}/decisions"
+        wait_for(
+            lambda: client.get(f"/api/v1/spawns/{spawn_id}").json()["status"] == "waiting",
+            30,
+            "the spawn to wait for a decision",
+        )
+        assert spawning.client("bob").post(url, json=decision).status_code == 403
+        wrong = client.post(url, json={"call_id": "nope", "approve": False})
+        assert wrong.status_code == 409 and error_of(wrong)["details"]["status"] == "waiting"
+        denied = client.post(url, json=decision)
+        assert denied.status_code == 200, denied.text
+        assert denied.json()["approvals"][asking["call_id"]]["denied_by"] == "alice"
+        rest = list(events)
+    result = next(e for e in rest if e["event"] == "tool_result")["data"]
+    assert result["is_error"] and "denied by alice" in result["content"]
+    assert rest[-1]["data"]["message"] == "Left nginx alone."
+    assert client.post(url, json=decision).status_code == 409
+
+
+@needs_user_personas_on_workers
+def test_custom_persona_create_spawn_patch_spawn_again(spawning: Api, cluster: Cluster):
+    cluster.fake.script([{"match": "", "reply": {"content": "noted"}}])
+    cluster.site.persona("shadowed_one", body="# from disk")
+    client = _reload(spawning)
+
+    def system_prompt_for(agent: str, prompt: str) -> str:
+        with client.stream(
+            "POST", "/api/v1/chat", json={"prompt": prompt, "agent": agent}
+        ) as response:
+            events = read_all(response)
+        assert events[-1]["data"]["status"] == "ok", events[-1]
+        return system_of(next(r for r in cluster.fake.requests() if first_user(r) == prompt))
+
+    created = client.post("/v1/agents/custom", json=_persona("custom_one", body="# version one"))
+    assert created.status_code == 201
+    assert system_prompt_for("custom_one", "first ask").endswith("# version one")
+    client.patch("/v1/agents/custom/custom_one", json={"body": "# version two"}).raise_for_status()
+    assert system_prompt_for("custom_one", "second ask").endswith("# version two")
+
+    client.post("/v1/agents/custom", json=_persona("shadowed_one", body="# from the API"))
+    assert system_prompt_for("shadowed_one", "shadow ask").endswith("# from the API")
+    client.delete("/v1/agents/custom/shadowed_one").raise_for_status()
+    assert "# from disk" in system_prompt_for("shadowed_one", "restored ask")
+
+
+@needs_turns
+def test_the_coordinator_routes_to_the_matching_specialist(spawning: Api, cluster: Cluster):
+    cluster.site.persona(
+        "disk_doctor",
+        body="# Disk doctor",
+        when_to_use="When a filesystem is full or a disk is failing.",
+    )
+    cluster.site.persona("net_doctor", body="# Net doctor", when_to_use="When packets drop.")
+    dispatch = {
+        "name": "spawn_agent",
+        "arguments": {
+            "agent": "disk_doctor",
+            "prompt": "Why is /var full on db1?",
+            "reason": "a filesystem is full",
+        },
+    }
+    cluster.fake.script(
+        [
+            {"where": "system", "match": "# Disk doctor", "reply": {"content": "/var is full."}},
+            {
+                "where": "system",
+                "match": "disk_doctor",
+                "turn": 0,
+                "reply": {"tool_calls": [dispatch]},
+            },
+            {
+                "where": "system",
+                "match": "disk_doctor",
+                "reply": {"content": "Relayed: /var is full."},
+            },
+        ]
+    )
+    client = _reload(spawning)
+    with client.stream("POST", "/api/v1/chat", json={"prompt": "db1 says disk full"}) as response:
+        events = read_all(response)
+        session_id, spawn_id = response.headers["x-session-id"], response.headers["x-spawn-id"]
+    tiles = [e["data"] for e in events if e["event"] == "agent_tile"]
+    assert "disk_doctor" in [t["persona"] for t in tiles]
+    assert events[-1]["event"] == "task_notification"
+    assert events[-1]["data"]["spawn_id"] == spawn_id
+    assert events[-1]["data"]["message"] == "Relayed: /var is full."
+    messages = client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert messages[1]["content"] == "Relayed: /var is full."
