@@ -43,7 +43,10 @@ def main() -> None:
     files = _files(args.corpus)
     texts = [f.read_text(encoding="utf-8") for f in files]
     results = {}
-    loaders = {"C (CSafeLoader)": getattr(yaml, "CSafeLoader", None), "pure Python": yaml.SafeLoader}
+    loaders = {
+        "C (CSafeLoader)": getattr(yaml, "CSafeLoader", None),
+        "pure Python": yaml.SafeLoader,
+    }
     for label, loader in loaders.items():
         if loader is None:
             print(f"{label}: not available in this PyYAML build")
@@ -51,8 +54,10 @@ def main() -> None:
         parser._Loader = loader
         runs = [_run(files, texts) for _ in range(args.repeat)]
         results[label] = min(r[0] for r in runs)
-        print(f"{label:>16}: {len(files)} files in {results[label] * 1000:7.1f} ms (best of "
-              f"{args.repeat}), {results[label] / len(files) * 1e6:6.1f} µs/file")
+        print(
+            f"{label:>16}: {len(files)} files in {results[label] * 1000:7.1f} ms (best of "
+            f"{args.repeat}), {results[label] / len(files) * 1e6:6.1f} µs/file"
+        )
     if len(results) == 2:
         c, py = results.values()
         print(f"pure Python / C = {py / c:.2f}x")

@@ -17,6 +17,7 @@ from collections.abc import Generator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any  # noqa: E402
 
+import httpx  # noqa: E402
 import litellm  # noqa: E402
 import openai  # noqa: E402  - litellm's exceptions derive from the OpenAI SDK's
 
@@ -30,6 +31,13 @@ litellm.suppress_debug_info = True
 # Per-chunk success logging only feeds litellm callbacks, which the runtime does not use; left on,
 # every streamed chunk costs a thread-pool task. The end-of-stream logging still runs.
 litellm.disable_streaming_logging = True
+# One HTTP connection pool for every model call of the process. litellm's default client keeps
+# httpx's limits (100 connections, 20 kept alive): a worker holding hundreds of spawns would queue
+# its model calls behind 100 sockets and reconnect (a TLS handshake per turn) above 20.
+litellm.client_session = httpx.Client(
+    limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+    timeout=httpx.Timeout(600.0, connect=30.0),
+)
 
 #: Failures worth another attempt: no answer at all, or the statuses the OpenAI SDK retries.
 _RETRYABLE = (
