@@ -271,12 +271,29 @@ def _worker_argv(queues: str, concurrency: int, name: str, loglevel: str) -> lis
 @click.option("--name", default="worker", show_default=True)
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker(queues: str, concurrency: int, name: str, loglevel: str) -> None:
-    """Run a Celery worker (threads pool) that executes spawns."""
+    """Run a Celery worker (threads pool) that executes spawns and coordinator turns."""
+    from coordinator.db import database_url, make_engine, upgrade
+    from coordinator.turns import install
+    from registry.sql_store import SqlUserStore
     from workers.app import app
     from workers.runtime import worker_runtime
 
-    worker_runtime()  # catch up with the registry and start the lease/reaper threads now
+    runtime = worker_runtime()  # registry caught up, lease/reaper threads started
+    engine = make_engine(database_url(runtime.settings))
+    upgrade(engine)  # concurrent upgrades wait for each other
+    runtime.use_user_store(SqlUserStore(engine))  # user personas from the database
+    install(runtime)  # the coordinator persona and the AgentTool
     app.worker_main(_worker_argv(queues, concurrency, name, loglevel))
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True)
+def api(host: str, port: int) -> None:
+    """Serve the HTTP API (uvicorn)."""
+    from coordinator.api.app import serve
+
+    serve(_settings(), host, port)
 
 
 @main.command()
@@ -428,6 +445,7 @@ def _stop_children(children: list[Any]) -> None:
 @main.command()
 @click.option("--workers", default=1, show_default=True, help="Interactive worker processes.")
 @click.option("--flower-port", default=5555, show_default=True)
+@click.option("--api-port", default=8000, show_default=True)
 @click.option(
     "--redis-port",
     default=6379,
@@ -435,7 +453,7 @@ def _stop_children(children: list[Any]) -> None:
     help="Where to look for Redis, or start the embedded one, when REDIS_URL is not set.",
 )
 @click.option("--demo/--no-demo", default=True, show_default=True, help="Run one spawn at start.")
-def up(workers: int, flower_port: int, redis_port: int, demo: bool) -> None:
+def up(workers: int, flower_port: int, api_port: int, redis_port: int, demo: bool) -> None:
     """Start everything on this machine: Redis (embedded if none), workers, Flower."""
     import os
     import signal
@@ -452,7 +470,12 @@ def up(workers: int, flower_port: int, redis_port: int, demo: bool) -> None:
         for i in range(workers)
     ]
     plan.append(["worker", "--name=background", "--queues=ongrid.background", "--loglevel=WARNING"])
+    # Coordinator turns wait on specialists: a pool of their own, so they never deadlock them.
+    plan.append(
+        ["worker", "--name=coordinator", "--queues=ongrid.coordinator", "--loglevel=WARNING"]
+    )
     plan.append(["flower", f"--port={flower_port}"])
+    plan.append(["api", f"--port={api_port}"])
     children: list[subprocess.Popen[bytes]] = []
     try:
         children.extend(subprocess.Popen([*me, *args]) for args in plan)
@@ -489,3 +512,68 @@ def _demo_spawn() -> None:
         record.session_id, timeout=120, until=lambda e: e.type == "task_notification"
     ):
         _render_event(event)
+
+
+def _sse_events(lines: Any) -> Any:
+    """Parse a Server-Sent Events stream into (event type, data dict) pairs."""
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                payload = json.loads("\n".join(data))
+                yield payload.get("type", ""), payload
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+
+
+@main.command()
+@click.argument("question")
+@click.option("--agent", default=None, help="Skip the coordinator: ask this persona directly.")
+@click.option("--context", "context_items", multiple=True, help="key=value (JSON values allowed).")
+@click.option("--session", "session_id", default=None, help="Continue this chat session.")
+@click.option("--url", envvar="ONGRID_URL", default="http://127.0.0.1:8000", show_default=True)
+@click.option("--token", envvar="ONGRID_TOKEN", required=True, help="Bearer token ($ONGRID_TOKEN).")
+@click.option("--json", "as_json", is_flag=True, help="Raw events as JSON lines.")
+def ask(
+    question: str,
+    agent: str | None,
+    context_items: tuple[str, ...],
+    session_id: str | None,
+    url: str,
+    token: str,
+    as_json: bool,
+) -> None:
+    """Ask a running API server; the answer streams as it comes."""
+    import httpx
+
+    from workers.messages import EVENT_ADAPTER
+
+    body: dict[str, Any] = {"context": _parse_context(context_items)}
+    if agent:
+        body["agent"] = agent
+    if session_id:
+        path, body["content"] = f"/api/v1/chat/sessions/{session_id}/messages", question
+    else:
+        path, body["prompt"] = "/api/v1/chat", question
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    status = "failed"
+    try:
+        with httpx.stream("POST", url + path, json=body, headers=headers, timeout=None) as resp:
+            if resp.status_code >= 400:
+                resp.read()
+                error = resp.json().get("error", {}) if resp.content else {}
+                raise click.ClickException(f"{resp.status_code}: {error.get('message', resp.text)}")
+            session = resp.headers.get("x-session-id", session_id or "")
+            for kind, payload in _sse_events(resp.iter_lines()):
+                if as_json:
+                    click.echo(json.dumps(payload, ensure_ascii=False))
+                else:
+                    _render_event(EVENT_ADAPTER.validate_python(payload))
+                if kind == "task_notification":
+                    status = payload.get("status", status)
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"cannot reach {url}: {exc}") from None
+    if not as_json:
+        _err.print(f"session {session}")
+    sys.exit(0 if status == "ok" else 1)

@@ -27,6 +27,7 @@ _ENV: dict[str, str] = {
     "ONGRID_AGENTS_DIR": "agents_dir",
     "ONGRID_MARKETPLACE_ROOT": "marketplace_root",
     "ONGRID_DEFAULT_MODEL": "default_model",
+    "ONGRID_COORDINATOR_MODEL": "coordinator_model",
     "ONGRID_DEFAULT_PROVIDER": "default_provider",
     "ONGRID_DEFAULT_LOCALE": "default_locale",
     "REDIS_URL": "redis_url",
@@ -96,6 +97,8 @@ class Settings(BaseModel):
     roles: dict[str, RoleConfig] = Field(default_factory=_default_roles)
     default_role: str = "admin"
     default_model: str = ""
+    #: The coordinator's model; empty: the organisation default.
+    coordinator_model: str = ""
     default_provider: str = ""
     default_locale: str = "en"
     redis_url: str = ""

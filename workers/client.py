@@ -13,7 +13,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from registry.agent_registry import Snapshot
+from registry.agent_registry import AgentRegistry, Snapshot
 from registry.defaults import build_registry
 from registry.errors import NotFoundError, UserError
 from registry.settings import Settings
@@ -43,12 +43,12 @@ def enqueue(settings: Settings, record: SpawnRecord) -> None:
 
 
 class SpawnClient:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, registry: AgentRegistry | None = None) -> None:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url or DEFAULT_REDIS_URL)
         self.store = SpawnStore(self.redis)
         self.bus = EventBus(self.redis)
-        self.registry = build_registry(settings)
+        self.registry = registry if registry is not None else build_registry(settings)
 
     def snapshot(self) -> Snapshot:
         return self.registry.snapshot()
@@ -62,12 +62,29 @@ class SpawnClient:
         role: str | None = None,
         user: str = "",
         session_id: str | None = None,
+        spawn_id: str | None = None,
+        reason: str = "",
+        queue: str | None = None,
     ) -> SpawnRecord:
-        """Enqueue a spawn. Unknown persona or role: :class:`UserError` naming what exists."""
-        snapshot = self.snapshot()
-        found = snapshot.get(persona)
-        if persona in snapshot.unavailable:
-            raise UserError(f"agent {persona!r} is unavailable: {snapshot.unavailable[persona]}")
+        """Enqueue a spawn. Unknown persona or role: :class:`UserError` naming what exists.
+
+        With ``spawn_id``, spawning is idempotent: a spawn of that id that exists already is
+        returned as it is (a resumed coordinator re-attaches to the specialist it started).
+        ``queue`` names a registered persona's own queue (the coordinator's); the registry is
+        not consulted for it.
+        """
+        if spawn_id is not None:
+            existing = self.store.get(spawn_id)
+            if existing is not None:
+                return existing
+        background = False
+        if queue is None:
+            snapshot = self.snapshot()
+            background = snapshot.get(persona).background
+            if persona in snapshot.unavailable:
+                why = snapshot.unavailable[persona]
+                raise UserError(f"agent {persona!r} is unavailable: {why}")
+            queue = QUEUES["background" if background else "interactive"]
         role = role or self.settings.default_role
         if role not in self.settings.roles:
             raise NotFoundError("role", role, sorted(self.settings.roles))
@@ -78,8 +95,10 @@ class SpawnClient:
             context=context or {},
             role=role,
             user=user,
-            background=found.background,
-            queue=QUEUES["background" if found.background else "interactive"],
+            background=background,
+            queue=queue,
+            reason=reason,
+            **({"spawn_id": spawn_id} if spawn_id else {}),
         )
         self.store.create(record)
         enqueue(self.settings, record)
@@ -109,7 +128,14 @@ class SpawnClient:
         return broadcast_reload(self.redis)
 
     def cancel(self, spawn_id: str) -> None:
+        """Ask a spawn to stop. A running one stops at its next checkpoint (a model call in
+        flight finishes first); one waiting for a decision is enqueued so a worker ends it."""
         self.store.request_cancel(spawn_id)
+        record = self.store.get(spawn_id)
+        if record is not None and record.status == "waiting":
+            record.status = "queued"
+            self.store.save_unfenced(record)
+            enqueue(self.settings, record)
 
     def decide(self, spawn_id: str, call_id: str, user: str, approve: bool) -> SpawnRecord:
         """Record a person's decision on a call that waits for confirmation, then resume."""

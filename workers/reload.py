@@ -14,7 +14,7 @@ import redis
 
 from registry.agent_registry import AgentRegistry
 
-__all__ = ["RegistryFollower", "broadcast_reload"]
+__all__ = ["RegistryFollower", "broadcast_reload", "cluster_version"]
 
 log = logging.getLogger(__name__)
 
@@ -31,20 +31,37 @@ def broadcast_reload(client: redis.Redis, prefix: str = "ongrid:") -> int:
     return version
 
 
-class RegistryFollower:
-    """Keeps one process's registry at the cluster's registry version."""
+def cluster_version(client: redis.Redis, prefix: str = "ongrid:") -> int:
+    """The cluster's registry version (0 before the first reload)."""
+    return int(client.get(_keys(prefix)[0]) or 0)
 
-    def __init__(self, client: redis.Redis, registry: AgentRegistry, prefix: str = "ongrid:"):
+
+class RegistryFollower:
+    """Keeps one process's registry at the cluster's registry version.
+
+    ``seen`` is the version ``registry`` was loaded at; read it *before* loading, so a reload
+    broadcast while the disk was being read is not taken as already applied. Default: now.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        registry: AgentRegistry,
+        prefix: str = "ongrid:",
+        *,
+        seen: int | None = None,
+    ):
         self.r = client
         self.registry = registry
+        self.prefix = prefix
         self.version_key, self.channel = _keys(prefix)
-        self.seen = self._current()
+        self.seen = self._current() if seen is None else seen
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def _current(self) -> int:
-        return int(self.r.get(self.version_key) or 0)
+        return cluster_version(self.r, self.prefix)
 
     def catch_up(self) -> bool:
         """Reload if the cluster moved on since we last looked. True when a reload happened."""

@@ -4,19 +4,21 @@
 key with a short TTL that a heartbeat thread renews), so at most one worker runs a spawn at a
 time. When a worker dies, its leases expire; the reaper thread of any live worker sees an active
 spawn with no lease and enqueues it again, and the next attempt resumes from the last checkpoint.
-A spawn that has taken ``MAX_ATTEMPTS`` attempts is failed instead of being tried again.
+A spawn whose worker was lost ``MAX_ATTEMPTS`` times is failed instead of being tried again
+(resuming after a person's decision is an attempt too, but not a lost one).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
-from registry.agent_registry import AgentRegistry
+from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
 from registry.parser import dump_persona, parse_persona
 from registry.persona import Persona
@@ -29,7 +31,7 @@ from workers.events import EventBus
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
 from workers.messages import AgentTile, Event, Message, TaskNotification
 from workers.model import DEMO_MODEL, Model, ModelError, resolve_model_id
-from workers.reload import RegistryFollower
+from workers.reload import RegistryFollower, cluster_version
 from workers.spawns import LeaseLost, SpawnRecord, SpawnStore
 from workers.tools import default_catalog
 
@@ -38,9 +40,10 @@ __all__ = ["MAX_ATTEMPTS", "WorkerRuntime", "worker_runtime"]
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
-LEASE_MS = 10_000
-HEARTBEAT_S = 2.0
-REAP_S = 3.0
+#: Heartbeat and reaper periods as fractions of the lease (``Settings.lease_seconds``): a lease
+#: survives four missed heartbeats; a dead worker's spawn is re-enqueued within 1.3 leases.
+HEARTBEAT_FRACTION = 0.2
+REAP_FRACTION = 0.3
 
 BASE_PROMPT = (
     "You are a specialist of Ongrid, an operations platform for SRE teams. You investigate with "
@@ -57,6 +60,12 @@ def _credentials(model_id: str) -> bool:
     from workers._litellm import has_credentials
 
     return has_credentials(model_id)
+
+
+def _load_model_adapter() -> None:
+    """Import litellm (seconds of CPU) at start-up: a worker that says it is ready is, and the
+    first spawn it takes does not wait for the import."""
+    import workers._litellm  # noqa: F401
 
 
 def model_for(model_id: str) -> Model:
@@ -108,18 +117,32 @@ class WorkerRuntime:
     def __init__(self, settings: Settings, *, start_threads: bool = True) -> None:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url or DEFAULT_REDIS_URL)
+        version = cluster_version(self.redis)  # before the disk is read: see RegistryFollower
         self.registry: AgentRegistry = build_registry(settings)
         self.catalog: ToolCatalog = default_catalog(settings.tool_modules)
         self.bus = EventBus(self.redis)
         self.store = SpawnStore(self.redis)
-        self.follower = RegistryFollower(self.redis, self.registry)
+        self.follower = RegistryFollower(self.redis, self.registry, seen=version)
+        self.lease_ms = int(settings.lease_seconds * 1000)
+        self._special: dict[str, Callable[[Snapshot], Persona]] = {}
         self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
-        if start_threads:
+        if start_threads:  # a worker process: be ready to run spawns before taking any
+            _load_model_adapter()
             self.follower.start()
             threading.Thread(target=self._heartbeat, name="lease-heartbeat", daemon=True).start()
             threading.Thread(target=self._reaper, name="spawn-reaper", daemon=True).start()
+
+    def register_persona(self, name: str, factory: Callable[[Snapshot], Persona]) -> None:
+        """Run spawns of ``name`` with the persona ``factory`` builds from the registry snapshot
+        of their first attempt (the coordinator, whose prompt is the catalog)."""
+        self._special[name] = factory
+
+    def use_user_store(self, store: UserStore) -> None:
+        """Read user personas from ``store`` (the database) from now on."""
+        self.registry = build_registry(self.settings, store)
+        self.follower.registry = self.registry
 
     # -- the spawn task ------------------------------------------------------------------------
 
@@ -129,7 +152,7 @@ class WorkerRuntime:
             return {"spawn_id": spawn_id, "status": "missing"}
         if record.finished:
             return self._summary(record)
-        token = self.store.acquire(spawn_id, LEASE_MS)
+        token = self.store.acquire(spawn_id, self.lease_ms)
         if token is None:
             return {"spawn_id": spawn_id, "status": "held-elsewhere"}
         with self._held_lock:
@@ -150,7 +173,11 @@ class WorkerRuntime:
         if record.finished:
             return self._summary(record)
         record.attempts += 1
-        if record.attempts > MAX_ATTEMPTS:
+        if record.status == "running":
+            # The previous attempt never reported back: its worker died or lost the lease. Only
+            # those count against the limit, not resumptions after a person's decision.
+            record.lost_attempts += 1
+        if record.lost_attempts >= MAX_ATTEMPTS:
             return self._finish(
                 record,
                 token,
@@ -158,6 +185,8 @@ class WorkerRuntime:
                 f"stopped after {MAX_ATTEMPTS} attempts: the worker running this spawn was lost "
                 "each time",
             )
+        if self.store.cancel_requested(spawn_id):  # e.g. cancelled while waiting for a person
+            return self._finish(record, token, "cancelled", "cancelled on request")
         try:
             persona, bag = self._prepare(record, token)
         except Exception as exc:  # noqa: BLE001 - a spawn that cannot start is failed, with why
@@ -205,7 +234,8 @@ class WorkerRuntime:
         if not record.persona_markdown:
             self.follower.catch_up()
             snapshot = self.registry.snapshot()
-            persona = snapshot.get(record.persona)
+            special = self._special.get(record.persona)
+            persona = special(snapshot) if special else snapshot.get(record.persona)
             if persona.name in snapshot.unavailable:
                 reason = snapshot.unavailable[persona.name]
                 raise ValueError(f"agent {persona.name!r} is unavailable here: {reason}")
@@ -221,7 +251,9 @@ class WorkerRuntime:
         role = self.settings.roles.get(record.role)
         if role is None:
             raise ValueError(f"unknown role {record.role!r}")
-        bag = resolve_bag(persona, self.catalog, role.tools, role=record.role)
+        # Registered personas (the coordinator) may hold the AgentTool; specialists never do.
+        worker = record.persona not in self._special
+        bag = resolve_bag(persona, self.catalog, role.tools, role=record.role, for_worker=worker)
         if record.state is None:
             record.state = LoopState(
                 messages=[
@@ -237,7 +269,7 @@ class WorkerRuntime:
                 persona=persona.name,
                 description=persona.description,
                 tools=[e.describe() for e in bag],
-                reason=persona.catalog_hint,
+                reason=record.reason or persona.catalog_hint,
                 background=persona.background,
             )
             self._sink(record.spawn_id)(tile, 0)
@@ -248,8 +280,12 @@ class WorkerRuntime:
 
     def _conclude(self, record: SpawnRecord, token: str, outcome: Outcome) -> dict[str, Any]:
         if outcome.kind == "interrupted":
+            if self.store.cancel_requested(record.spawn_id):  # asked while this attempt ran
+                return self._finish(record, token, "cancelled", "cancelled on request")
             record.status = "waiting"
-            self.store.save(record, token)
+            # Give the lease back in the same write: a decision taken the moment the spawn shows
+            # as waiting enqueues it again, and that attempt must find the lease free.
+            self.store.save(record, token, release=True)
             return self._summary(record)
         status = "ok" if outcome.kind == "final" else "failed"
         return self._finish(record, token, status, outcome.text)
@@ -273,7 +309,7 @@ class WorkerRuntime:
         self._sink(record.spawn_id)(note, index)
         if record.state:
             record.state.event_index += 1
-        self.store.save(record, token)
+        self.store.save(record, token, release=True)
         return self._summary(record)
 
     def _sink(self, spawn_id: str):
@@ -296,12 +332,12 @@ class WorkerRuntime:
     # -- background threads --------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
+        while not self._stop.wait(self.settings.lease_seconds * HEARTBEAT_FRACTION):
             with self._held_lock:
                 held = list(self._held.items())
             for spawn_id, token in held:
                 try:
-                    self.store.renew(spawn_id, token, LEASE_MS)
+                    self.store.renew(spawn_id, token, self.lease_ms)
                 except redis.RedisError as exc:
                     log.warning("lease renewal of %s failed: %s", spawn_id, exc)
 
@@ -309,14 +345,14 @@ class WorkerRuntime:
         """Re-enqueue running spawns whose worker is gone (their lease expired)."""
         from workers.client import enqueue
 
-        while not self._stop.wait(REAP_S):
+        while not self._stop.wait(self.settings.lease_seconds * REAP_FRACTION):
             try:
                 for spawn_id in self.store.active():
                     record = self.store.get(spawn_id)
                     if record is None or record.status != "running" or self.store.leased(spawn_id):
                         continue
                     claim = f"ongrid:requeue:{spawn_id}"
-                    if self.redis.set(claim, "1", nx=True, px=LEASE_MS):
+                    if self.redis.set(claim, "1", nx=True, px=self.lease_ms):
                         log.warning("spawn %s lost its worker; re-enqueuing", spawn_id)
                         enqueue(self.settings, record)
             except redis.RedisError as exc:

@@ -36,8 +36,10 @@ class SpawnRecord(BaseModel):
     user: str = ""
     background: bool = False
     queue: str = ""
+    reason: str = ""  # why this persona was chosen (the coordinator's matching hint)
     status: SpawnStatus = "queued"
-    attempts: int = 0
+    attempts: int = 0  # executions started by a worker, resumptions included
+    lost_attempts: int = 0  # attempts whose worker died (or stalled) before reporting back
     persona_markdown: str = ""  # the persona version this spawn started with, pinned
     persona_source: str = ""
     model_id: str = ""
@@ -55,6 +57,9 @@ class SpawnRecord(BaseModel):
 _FENCED_SET = """
 if redis.call('GET', KEYS[2]) == ARGV[2] then
   redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+  if ARGV[4] == '1' then
+    redis.call('DEL', KEYS[2])
+  end
   return 1
 end
 return 0
@@ -105,12 +110,15 @@ class SpawnStore:
         raw = self.r.get(self._key(spawn_id))
         return SpawnRecord.model_validate_json(raw) if raw else None
 
-    def save(self, record: SpawnRecord, token: str) -> None:
-        """Write ``record`` if ``token`` still holds the lease; else :class:`LeaseLost`."""
+    def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> None:
+        """Write ``record`` if ``token`` still holds the lease; else :class:`LeaseLost`.
+
+        ``release``: give the lease back in the same atomic step (an attempt's last write).
+        """
         record.updated = time.time()
         ok = self._fenced_set(
             keys=[self._key(record.spawn_id), self.lease_key(record.spawn_id)],
-            args=[record.model_dump_json(), token, self.retention],
+            args=[record.model_dump_json(), token, self.retention, "1" if release else "0"],
         )
         if not ok:
             raise LeaseLost(record.spawn_id)

@@ -56,10 +56,8 @@ def build_services(settings: Settings) -> Services:
         log.warning("starting without the database (not ready until it answers): %s", exc)
     users = GuardedUserStore(SqlUserStore(database.engine), database)
     registry = build_registry(settings, users)
-    client = SpawnClient(settings)
-    # Spawns must be checked against the registry that holds the user personas.
-    # TODO(lead): SpawnClient(settings, registry=registry) once the client accepts it.
-    client.registry = registry
+    # Spawns are checked against the registry that holds the user personas.
+    client = SpawnClient(settings, registry=registry)
     url = settings.redis_url or DEFAULT_REDIS_URL
     return Services(
         settings=settings,

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from coordinator.api import _answers
 from coordinator.api._sse import EventStreamResponse, follow
 from coordinator.api.deps import Caller, Chats, OwnedSession, Services, Svc
-from coordinator.api.errors import ApiError, Conflict
+from coordinator.api.errors import Conflict
 from coordinator.api.schemas import (
     CancelOut,
     ChatIn,
@@ -32,14 +32,10 @@ from coordinator.api.schemas import (
 )
 from coordinator.auth import Principal
 from coordinator.db import ChatSession
+from coordinator.turns import start_turn
 from registry.errors import NotFoundError
 from workers.messages import Event
 from workers.spawns import SpawnRecord
-
-try:
-    from coordinator.turns import start_turn
-except ModuleNotFoundError:  # the coordinator's turn lands separately; until then: name an agent
-    start_turn = None
 
 __all__ = ["router"]
 
@@ -52,7 +48,7 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
     }
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 501, 503)
+    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 503)
 }
 _TITLE_LENGTH = 80
 
@@ -95,12 +91,6 @@ def _spawn(
     if agent:
         return svc.client.spawn(
             agent, text, context=context, role=who.role, user=who.user, session_id=session_id
-        )
-    if start_turn is None:
-        raise ApiError(
-            "the coordinator is not available in this build: name an agent",
-            status=501,
-            code="not_implemented",
         )
     return start_turn(
         svc.client,

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import socket
@@ -37,13 +36,6 @@ from registry.settings import Settings, TokenGrant, token_digest
 from workers.spawns import SpawnRecord
 from workers.testing.fake_openai import start_subprocess
 
-try:
-    import coordinator.turns  # noqa: F401
-
-    has_turns = True
-except ModuleNotFoundError:
-    has_turns = False
-
 REDIS_URL = "redis://127.0.0.1:6379/11"
 #: The spawn tests' database: flushed around the module (its worker outlives each test).
 WORKER_REDIS_URL = "redis://127.0.0.1:6379/10"
@@ -59,19 +51,6 @@ TOKENS = {
 }
 WORKER_START = 90.0
 T = TypeVar("T")
-
-
-def _worker_reads_user_personas() -> bool:
-    import workers.runtime
-
-    return "SqlUserStore" in inspect.getsource(workers.runtime)
-
-
-needs_user_personas_on_workers = pytest.mark.skipif(
-    not _worker_reads_user_personas(),
-    reason="the worker runtime does not read user personas from the database yet",
-)
-needs_turns = pytest.mark.skipif(not has_turns, reason="coordinator.turns is not there yet")
 
 
 def migrate(url: str) -> None:
@@ -928,7 +907,6 @@ def test_decisions_need_the_approve_permission_and_resume_the_spawn(
     assert client.post(url, json=decision).status_code == 409
 
 
-@needs_user_personas_on_workers
 def test_custom_persona_create_spawn_patch_spawn_again(spawning: Api, cluster: Cluster):
     cluster.fake.script([{"match": "", "reply": {"content": "noted"}}])
     cluster.site.persona("shadowed_one", body="# from disk")
@@ -954,7 +932,6 @@ def test_custom_persona_create_spawn_patch_spawn_again(spawning: Api, cluster: C
     assert "# from disk" in system_prompt_for("shadowed_one", "restored ask")
 
 
-@needs_turns
 def test_the_coordinator_routes_to_the_matching_specialist(spawning: Api, cluster: Cluster):
     cluster.site.persona(
         "disk_doctor",
@@ -990,11 +967,41 @@ def test_the_coordinator_routes_to_the_matching_specialist(spawning: Api, cluste
     with client.stream("POST", "/api/v1/chat", json={"prompt": "db1 says disk full"}) as response:
         events = read_all(response)
         session_id, spawn_id = response.headers["x-session-id"], response.headers["x-spawn-id"]
-    tiles = [e["data"] for e in events if e["event"] == "agent_tile"]
-    assert "disk_doctor" in [t["persona"] for t in tiles]
+    tiles = {e["data"]["persona"]: e["data"] for e in events if e["event"] == "agent_tile"}
+    assert set(tiles) == {"coordinator", "disk_doctor"}
+    assert tiles["disk_doctor"]["reason"] == "a filesystem is full"  # why it was chosen
+    assert [t["name"] for t in tiles["coordinator"]["tools"]] == ["spawn_agent"]
     assert events[-1]["event"] == "task_notification"
     assert events[-1]["data"]["spawn_id"] == spawn_id
     assert events[-1]["data"]["message"] == "Relayed: /var is full."
     messages = client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant"]
     assert messages[1]["content"] == "Relayed: /var is full."
+
+
+def test_ongrid_ask_renders_the_stream_and_exits_by_status(spawning: Api, cluster: Cluster):
+    cluster.site.persona("disk_doctor", body="# Disk doctor", when_to_use="When a disk is full.")
+    cluster.fake.script([{"match": "", "reply": {"content": "The disk of db1 is 97% full."}}])
+    _reload(spawning)
+    token = TOKENS["alice"][0]
+    env = {**os.environ, "ONGRID_URL": spawning.base_url, "ONGRID_TOKEN": token}
+
+    def ask(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coordinator", "ask", *args],
+            env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    human = ask("Is db1 full?", "--agent", "disk_doctor")
+    assert human.returncode == 0, human.stderr
+    assert "▶ disk_doctor" in human.stdout and "The disk of db1 is 97% full." in human.stdout
+    assert "■ disk_doctor: ok" in human.stdout and "session " in human.stderr
+    raw = ask("Is db1 full?", "--agent", "disk_doctor", "--json")
+    lines = [json.loads(line) for line in raw.stdout.splitlines()]
+    assert lines[0]["type"] == "agent_tile" and lines[-1]["type"] == "task_notification"
+    unknown = ask("hi", "--agent", "nope")
+    assert unknown.returncode == 1 and "404" in unknown.stderr and "nope" in unknown.stderr
+    assert token not in unknown.stderr + unknown.stdout
+    env["ONGRID_TOKEN"] = "not-a-valid-token-at-all"
+    denied = ask("hi", "--agent", "disk_doctor")
+    assert denied.returncode == 1 and "401" in denied.stderr

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from workers.embedded_redis import redis_answers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,8 +23,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+        time.sleep(0.5)
+
+
 def test_up_starts_embedded_redis_runs_the_demo_and_stops_cleanly(tmp_path):
-    redis_port, flower_port = _free_port(), _free_port()
+    redis_port, flower_port, api_port = _free_port(), _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONGRID_", "OPENAI_"))}
     env.pop("REDIS_URL", None)
     env["ONGRID_DATA_DIR"] = str(tmp_path / "data")
@@ -30,7 +44,7 @@ def test_up_starts_embedded_redis_runs_the_demo_and_stops_cleanly(tmp_path):
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "coordinator", "up", f"--redis-port={redis_port}",
-             f"--flower-port={flower_port}"],
+             f"--flower-port={flower_port}", f"--api-port={api_port}"],
             cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
@@ -50,6 +64,7 @@ def test_up_starts_embedded_redis_runs_the_demo_and_stops_cleanly(tmp_path):
             assert redis_answers(port=redis_port)
             with socket.create_connection(("127.0.0.1", flower_port), timeout=5):
                 pass  # Flower listens
+            _wait_ready(f"http://127.0.0.1:{api_port}/readyz", proc, log)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)

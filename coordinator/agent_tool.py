@@ -1,0 +1,94 @@
+"""The AgentTool (``spawn_agent``): how the coordinator dispatches a specialist.
+
+A non-background specialist is awaited and its final answer becomes the tool result; a background
+one returns at once and reports later with its own ``task_notification``. The child's spawn id is
+derived from the coordinator's spawn and the call id, so a coordinator resumed on another worker
+re-attaches to the specialist it already started instead of starting a second one: the tool is
+idempotent, and the loop may run it again after a crash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from registry.errors import OngridError
+from registry.tools import AGENT_TOOL_NAME, BaseTool, ToolClass, ToolContext, ToolResult
+
+__all__ = ["SpawnAgentTool"]
+
+#: How long the coordinator waits for a non-background specialist.
+WAIT_SECONDS = 3600.0
+
+
+class SpawnAgentArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    agent: Annotated[str, Field(description="Name of the specialist, from the catalog.")]
+    prompt: Annotated[str, Field(description="The task, with every detail the specialist needs.")]
+    context: Annotated[
+        dict[str, Any],
+        Field(description="Identifiers for the specialist's initial prompt (incident_id, …)."),
+    ] = Field(default_factory=dict)
+    reason: Annotated[str, Field(description="Which trigger of the specialist matched.")] = ""
+
+
+def child_spawn_id(parent: str, call_id: str) -> str:
+    return hashlib.sha256(f"{parent}\0{call_id}".encode()).hexdigest()[:32]
+
+
+class SpawnAgentTool(BaseTool):
+    name = AGENT_TOOL_NAME
+    description = (
+        "Dispatch a specialist persona. Non-background specialists are awaited and their final "
+        "answer is returned; background ones report later."
+    )
+    tool_class = ToolClass.READ
+    args_model = SpawnAgentArgs
+    idempotent = True
+
+    def __init__(self, client_factory: Any) -> None:
+        """``client_factory(context) -> SpawnClient`` for the process the tool runs in."""
+        self._client_for = client_factory
+
+    def run(self, arguments: BaseModel, context: ToolContext) -> ToolResult:
+        args = SpawnAgentArgs.model_validate(arguments.model_dump())
+        client = self._client_for(context)
+        try:
+            record = client.spawn(
+                args.agent,
+                args.prompt,
+                context=args.context,
+                role=context.role,
+                user=context.user,
+                session_id=context.session_id,
+                spawn_id=child_spawn_id(context.spawn_id, context.call_id),
+                reason=args.reason,
+            )
+        except OngridError as exc:
+            return ToolResult(content=str(exc), is_error=True)
+        if record.background:
+            return ToolResult(
+                content=f"{args.agent} runs in the background (spawn {record.spawn_id}); its "
+                "result will arrive as a task notification.",
+                data={"spawn_id": record.spawn_id, "background": True},
+            )
+        try:
+            done = client.wait(record.spawn_id, timeout=WAIT_SECONDS)
+        except TimeoutError as exc:
+            return ToolResult(content=str(exc), is_error=True)
+        if done.status == "waiting":
+            return ToolResult(
+                content=f"{args.agent} is waiting for a person to confirm a tool call (spawn "
+                f"{done.spawn_id}); it will report with a task notification once decided.",
+                data={"spawn_id": done.spawn_id, "waiting": True},
+            )
+        if done.status == "ok":
+            return ToolResult(content=done.result, data={"spawn_id": done.spawn_id})
+        return ToolResult(
+            content=f"{args.agent} ended {done.status}: {done.error or done.result}",
+            is_error=True,
+            data={"spawn_id": done.spawn_id},
+        )

@@ -1,0 +1,69 @@
+"""Coordinator turns: a chat message without a named agent becomes a spawn of the coordinator.
+
+The coordinator runs like any persona (same loop, same checkpoints and recovery), on its own
+queue, with the AgentTool as its only tool. :func:`install` teaches a worker process to run it;
+:func:`start_turn` is what the API calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from coordinator.agent_tool import SpawnAgentTool
+from coordinator.catalog import COORDINATOR, coordinator_persona
+from registry.tools import ToolContext
+from workers.celery_app import QUEUES
+from workers.client import SpawnClient
+from workers.runtime import WorkerRuntime
+from workers.spawns import SpawnRecord
+
+__all__ = ["install", "start_turn"]
+
+_clients: dict[int, SpawnClient] = {}
+_lock = threading.Lock()
+
+
+def _client_for(runtime: WorkerRuntime):
+    """The AgentTool's SpawnClient: one per runtime, sharing the worker's registry snapshot."""
+
+    def factory(context: ToolContext) -> SpawnClient:
+        with _lock:
+            key = id(runtime)
+            if key not in _clients:
+                _clients[key] = SpawnClient(runtime.settings, registry=runtime.registry)
+            return _clients[key]
+
+    return factory
+
+
+def install(runtime: WorkerRuntime) -> None:
+    """Register the coordinator persona and the AgentTool in this worker process."""
+    if SpawnAgentTool.name in runtime.catalog:
+        return
+    runtime.catalog.register(SpawnAgentTool(_client_for(runtime)))
+    runtime.register_persona(
+        COORDINATOR,
+        lambda snapshot: coordinator_persona(snapshot, model=runtime.settings.coordinator_model),
+    )
+
+
+def start_turn(
+    client: SpawnClient,
+    *,
+    session_id: str,
+    prompt: str,
+    user: str,
+    role: str,
+    context: dict[str, Any] | None = None,
+) -> SpawnRecord:
+    """Enqueue the coordinator for one chat message; its events land on the session stream."""
+    return client.spawn(
+        COORDINATOR,
+        prompt,
+        context=context,
+        role=role,
+        user=user,
+        session_id=session_id,
+        queue=QUEUES["coordinator"],
+    )
