@@ -115,10 +115,20 @@ def validate(paths: tuple[Path, ...], recursive: bool, as_json: bool) -> None:
 # -- list --------------------------------------------------------------------------------------
 
 
-def _current_snapshot(settings: Settings) -> Snapshot:
+def _runtime_registry(settings: Settings) -> Any:
+    """The registry as workers and the API see it: user personas from the database included
+    (migrated on first contact; while it cannot be read, a warning says so)."""
+    from coordinator.api.deps import Database, GuardedUserStore
+    from coordinator.db import database_url, make_engine
     from registry.defaults import build_registry
+    from registry.sql_store import SqlUserStore
 
-    return build_registry(settings).snapshot()
+    engine = make_engine(database_url(settings))
+    return build_registry(settings, GuardedUserStore(SqlUserStore(engine), Database(engine)))
+
+
+def _current_snapshot(settings: Settings) -> Snapshot:
+    return _runtime_registry(settings).snapshot()
 
 
 @agents.command(name="list")
@@ -376,7 +386,8 @@ def spawn(
     """Spawn persona NAME and print its events as they come."""
     from workers.client import SpawnClient
 
-    client = SpawnClient(_settings())
+    settings = _settings()
+    client = SpawnClient(settings, registry=_runtime_registry(settings))
     try:
         record = client.spawn(name, prompt, context=_parse_context(context_items), role=role)
     except OngridError as exc:

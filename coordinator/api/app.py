@@ -25,7 +25,7 @@ from registry.settings import Settings
 from registry.sql_store import SqlUserStore
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
-from workers.reload import RegistryFollower
+from workers.reload import RegistryFollower, cluster_version
 from workers.tools import default_catalog
 
 __all__ = ["MAX_BODY_BYTES", "build_services", "create_app", "serve"]
@@ -54,17 +54,20 @@ def build_services(settings: Settings) -> Services:
         database.ensure()
     except DatabaseUnavailable as exc:
         log.warning("starting without the database (not ready until it answers): %s", exc)
+    url = settings.redis_url or DEFAULT_REDIS_URL
+    # The cluster's registry version before the disk and the database are read: a reload that
+    # lands in between is then seen as newer, not silently missed.
+    version = cluster_version(redis.Redis.from_url(url))
     users = GuardedUserStore(SqlUserStore(database.engine), database)
     registry = build_registry(settings, users)
     # Spawns are checked against the registry that holds the user personas.
     client = SpawnClient(settings, registry=registry)
-    url = settings.redis_url or DEFAULT_REDIS_URL
     return Services(
         settings=settings,
         database=database,
         users=users,
         registry=registry,
-        follower=RegistryFollower(client.redis, registry),
+        follower=RegistryFollower(client.redis, registry, seen=version),
         chats=ChatStore(database.engine),
         client=client,
         catalog=default_catalog(settings.tool_modules),

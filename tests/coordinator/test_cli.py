@@ -106,7 +106,11 @@ def test_list_merges_builtin_disk_and_external_dirs(runner, tmp_path, monkeypatc
     ext.mkdir()
     (ext / "good.md").write_text(GOOD)
     monkeypatch.chdir(REPO)
-    env = {"ONGRID_AGENTS_EXTERNAL_DIRS": str(ext), "ONGRID_MARKETPLACE_ROOT": str(tmp_path / "m")}
+    env = {
+        "ONGRID_AGENTS_EXTERNAL_DIRS": str(ext),
+        "ONGRID_MARKETPLACE_ROOT": str(tmp_path / "m"),
+        "ONGRID_DATA_DIR": str(tmp_path / "data"),
+    }
     out = json.loads(_run(runner, "agents", "list", "--json", env=env).output)
     by_name = {a["name"]: a for a in out["agents"]}
     assert by_name["generalist"]["source"] == "builtin"
