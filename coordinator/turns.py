@@ -42,6 +42,9 @@ def install(runtime: WorkerRuntime) -> None:
     if SpawnAgentTool.name in runtime.catalog:
         return
     runtime.catalog.register(SpawnAgentTool(_client_for(runtime)))
+    # Rendered once at start-up so the operator can read the catalog the coordinator will see
+    # (``--loglevel=DEBUG``); each turn renders it again from its own snapshot.
+    coordinator_persona(runtime.registry.snapshot(), model=runtime.settings.coordinator_model)
     runtime.register_persona(
         COORDINATOR,
         lambda snapshot: coordinator_persona(snapshot, model=runtime.settings.coordinator_model),

@@ -53,3 +53,10 @@ def test_demo_routing_follows_the_triggers(tmp_path):
     assert route("The disk on web-3 is full, no space left", body)[0] == "disk_specialist"
     assert route("Is the ClickHouse replica lagging?", body)[0] == "specialist-clickhouse"
     assert route("hello there", body) == ("generalist", "no trigger matched")
+
+
+def test_the_rendered_prompt_is_logged_at_debug_level(tmp_path, caplog):
+    caplog.set_level("DEBUG", logger="coordinator.catalog")
+    coordinator_persona(_snapshot(tmp_path))
+    [record] = caplog.records
+    assert record.levelname == "DEBUG" and "- `disk_specialist`:" in record.getMessage()
