@@ -491,7 +491,8 @@ def up(workers: int, flower_port: int, api_port: int, redis_port: int, demo: boo
     try:
         children.extend(subprocess.Popen([*me, *args]) for args in plan)
         _out.print(
-            f"Workers: {workers} interactive, 1 background; Flower: http://127.0.0.1:{flower_port}"
+            f"Workers: {workers} interactive, 1 background, 1 coordinator; "
+            f"Flower: http://127.0.0.1:{flower_port}; API: http://127.0.0.1:{api_port}"
         )
         if demo:
             _demo_spawn()

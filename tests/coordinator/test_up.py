@@ -61,6 +61,10 @@ def test_up_starts_embedded_redis_runs_the_demo_and_stops_cleanly(tmp_path):
             assert "ongrid/demo — the offline demo model (deterministic, not an LLM)" in text
             assert "▶ disk_specialist" in text and "→ host_probe" in text
             assert "■ disk_specialist: ok" in text
+            assert (
+                "1 background, 1 coordinator;" in text
+                and f"API: http://127.0.0.1:{api_port}" in text
+            )
             assert redis_answers(port=redis_port)
             with socket.create_connection(("127.0.0.1", flower_port), timeout=5):
                 pass  # Flower listens
