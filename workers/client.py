@@ -105,7 +105,12 @@ class SpawnClient:
         return record
 
     def wait(self, spawn_id: str, timeout: float | None = None) -> SpawnRecord:
-        """Block until the spawn is finished or waits for a person; TimeoutError otherwise."""
+        """Block until the spawn is finished or waits for a person; TimeoutError otherwise.
+
+        The ``task_notification`` event is published just before the final record is written
+        (a crash in between then repeats the notification, de-duplicated, instead of losing it),
+        so a reader that saw the event waits here for the record rather than reading it once.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.05
         while True:

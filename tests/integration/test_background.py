@@ -31,7 +31,9 @@ def test_background_spawn_returns_at_once_and_notifies_later(cluster: Cluster):
     assert note.type == "task_notification", [e.type for e in events]
     assert (note.spawn_id, note.status, note.message) == (record.spawn_id, "ok", ANSWER)
     assert events[0].type == "agent_tile" and events[0].background is True
-    done = cluster.client.store.get(record.spawn_id)
+    # The notification is published before the final record is written (so a crash between
+    # the two re-publishes rather than loses it): the record may trail by a moment.
+    done = cluster.client.wait(record.spawn_id, timeout=30)
     assert done.status == "ok" and done.queue == QUEUES["background"]
     assert len(cluster.fake.requests_for(PROMPT)) == 1
     # The only worker consumes ongrid.background alone, and its log shows it ran this spawn.
