@@ -17,6 +17,7 @@ from registry.template import check_template
 __all__ = [
     "DEFAULT_MAX_TURNS",
     "FILE_FIELDS",
+    "NAME_PATTERN",
     "Metadata",
     "OngridMetadata",
     "PermissionMode",
@@ -28,7 +29,9 @@ __all__ = [
 #: The ReAct cap a persona gets when it names none (or names 0).
 DEFAULT_MAX_TURNS = 15
 
-_NAME_RE = re.compile(r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$")
+#: What a persona name (its spawn key) looks like: snake_case or kebab-case.
+NAME_PATTERN = r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$"
+_NAME_RE = re.compile(NAME_PATTERN)
 
 
 class PermissionMode(StrEnum):

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from registry.persona import DEFAULT_MAX_TURNS, PermissionMode, Source
+from registry.persona import DEFAULT_MAX_TURNS, NAME_PATTERN, PermissionMode, Source
 from registry.policy import Confirmation
 from registry.sql_store import MAX_NAME_LENGTH
 from registry.tools import ToolClass
@@ -81,7 +81,7 @@ NewAgentName = Annotated[
     Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
-        pattern=r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$",
+        pattern=NAME_PATTERN,
         description="snake_case or kebab-case: lowercase letters, digits, '_' or '-'.",
     ),
 ]
