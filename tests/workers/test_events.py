@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -78,49 +78,77 @@ def store_unannounced(bus: EventBus, client: redis.Redis, session_id: str) -> No
 # --- subscribers in their own thread, blocking or asyncio -----------------------------------
 
 
-class FlakyRedis(redis.Redis):
-    """Every 4th XRANGE and every 60th pub/sub read fails as if the connection had dropped."""
+class Faults:
+    """Redis errors a test arms at points it chooses; each fires once, at the next call of its kind.
 
-    failures = 0
+    ``kind`` is ``"xrange"`` (a stream read) or ``"read"`` (a pub/sub read, the SUBSCRIBE
+    confirmation included). Arming and firing both happen in the subscriber's own thread (from its
+    ``on_event`` callback and from its Redis calls), so which call fails does not depend on timing.
+    ``fired`` records each fault's label with the last seq the subscriber had delivered when it
+    fired; ``before`` runs just before the error is raised.
+    """
+
+    def __init__(self) -> None:
+        self._armed: dict[str, deque[tuple[str, Callable[[], None] | None]]] = {
+            "xrange": deque(),
+            "read": deque(),
+        }
+        self.delivered = 0
+        self.fired: list[tuple[int, str]] = []
+        self.on_fire: Callable[[], None] = lambda: None
+
+    def arm(self, kind: str, label: str, before: Callable[[], None] | None = None) -> None:
+        self._armed[kind].append((label, before))
+
+    def check(self, kind: str) -> None:
+        if not self._armed[kind]:
+            return
+        label, before = self._armed[kind].popleft()
+        self.fired.append((self.delivered, label))
+        if before is not None:
+            before()
+        self.on_fire()
+        raise redis.ConnectionError(f"injected: {label}")
+
+
+class FaultyRedis(redis.Redis):
+    """A client whose XRANGE and pub/sub reads fail when its :class:`Faults` say so."""
+
+    def __init__(self, *args: Any, faults: Faults, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.faults = faults
 
     def xrange(self, *args: Any, **kwargs: Any) -> Any:
-        self._xranges = getattr(self, "_xranges", 0) + 1
-        if self._xranges % 4 == 0:
-            FlakyRedis.failures += 1
-            raise redis.ConnectionError("injected: XRANGE")
+        self.faults.check("xrange")
         return super().xrange(*args, **kwargs)
 
     def pubsub(self, **kwargs: Any) -> Any:
-        return _flaky_pubsub(super().pubsub(**kwargs), self, FlakyRedis)
+        return _faulty_pubsub(super().pubsub(**kwargs), self.faults)
 
 
-class AsyncFlakyRedis(redis.asyncio.Redis):
-    """:class:`FlakyRedis` for asyncio."""
+class AsyncFaultyRedis(redis.asyncio.Redis):
+    """:class:`FaultyRedis` for asyncio."""
 
-    failures = 0
+    def __init__(self, *args: Any, faults: Faults, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.faults = faults
 
     async def xrange(self, *args: Any, **kwargs: Any) -> Any:
-        self._xranges = getattr(self, "_xranges", 0) + 1
-        if self._xranges % 4 == 0:
-            AsyncFlakyRedis.failures += 1
-            raise redis.ConnectionError("injected: XRANGE")
+        self.faults.check("xrange")
         return await super().xrange(*args, **kwargs)
 
     def pubsub(self, **kwargs: Any) -> Any:
-        return _flaky_pubsub(super().pubsub(**kwargs), self, AsyncFlakyRedis)
+        return _faulty_pubsub(super().pubsub(**kwargs), self.faults)
 
 
-def _flaky_pubsub(pubsub: Any, owner: Any, counter: Any) -> Any:
+def _faulty_pubsub(pubsub: Any, faults: Faults) -> Any:
     get_message = pubsub.get_message
 
-    def flaky_get_message(*args: Any, **kwargs: Any) -> Any:
-        owner._reads = getattr(owner, "_reads", 0) + 1
-        if owner._reads % 60 == 0:
-            counter.failures += 1
-            raise redis.ConnectionError("injected: pub/sub read")
+    def faulty_get_message(*args: Any, **kwargs: Any) -> Any:
+        faults.check("read")  # raised before the call, also for the asyncio coroutine
         return get_message(*args, **kwargs)
 
-    pubsub.get_message = flaky_get_message
+    pubsub.get_message = faulty_get_message
     return pubsub
 
 
@@ -140,20 +168,22 @@ class Reader(threading.Thread):
         mode: str = "sync",
         after_seq: int = 0,
         name: str | None = None,
-        flaky: bool = False,
+        faults: Faults | None = None,
         recheck: float = 0.2,
         on_event: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__(daemon=True)
         self.prefix, self.session_id, self.after_seq = prefix, session_id, after_seq
         self.until = until if callable(until) else (lambda event: event.seq >= until)
-        self.mode, self.flaky, self.recheck, self.on_event = mode, flaky, recheck, on_event
+        self.mode, self.faults, self.recheck, self.on_event = mode, faults, recheck, on_event
         self.options: dict[str, Any] = {"host": HOST, "port": PORT, "client_name": name}
         self.seqs: list[int] = []
         self.error: BaseException | None = None
 
     def _record(self, seq: int) -> None:
         self.seqs.append(seq)
+        if self.faults is not None:
+            self.faults.delivered = seq
         if self.on_event is not None:
             self.on_event(seq)
 
@@ -167,15 +197,18 @@ class Reader(threading.Thread):
             self.error = exc
 
     def _run_blocking(self) -> None:
-        with (FlakyRedis if self.flaky else redis.Redis)(**self.options) as client:
+        faulty = {"faults": self.faults} if self.faults is not None else {}
+        with (FaultyRedis if faulty else redis.Redis)(**self.options, **faulty) as client:
             bus = EventBus(client, self.prefix, recheck=self.recheck)
             events = bus.subscribe(self.session_id, self.after_seq, timeout=15, until=self.until)
             for event in events:
                 self._record(event.seq)
 
     async def _run_async(self) -> None:
-        async_class = AsyncFlakyRedis if self.flaky else redis.asyncio.Redis
-        async with async_class(**self.options) as aclient:
+        faulty = {"faults": self.faults} if self.faults is not None else {}
+        async with (AsyncFaultyRedis if faulty else redis.asyncio.Redis)(
+            **self.options, **faulty
+        ) as aclient:
             with redis.Redis(host=HOST, port=PORT) as client:
                 bus = EventBus(client, self.prefix, async_client=aclient, recheck=self.recheck)
                 events = bus.asubscribe(
@@ -505,12 +538,51 @@ def test_event_lost_while_reconnecting_arrives_at_once(
 
 @pytest.mark.parametrize("mode", MODES)
 def test_subscriber_resumes_after_redis_errors(bus: EventBus, prefix: str, mode: str) -> None:
-    FlakyRedis.failures = AsyncFlakyRedis.failures = 0
-    reader = Reader(prefix, "s", 600, mode=mode, flaky=True)
+    """600 events arrive exactly once, in order, across Redis errors injected at chosen points:
+    the first catch-up, live reads, a recheck of a quiet channel, the catch-up and the SUBSCRIBE
+    of a reconnect, and a live read while events are published. The publisher holds still after
+    each planned seq until its faults have fired, so every fault fires exactly where planned."""
+    faults = Faults()
+
+    def publish_five() -> None:
+        publish_many(bus, "s", 5)
+
+    # seq delivered → faults armed right after it (kind, label, what runs as it fires).
+    plan: dict[int, list[tuple[str, str, Callable[[], None] | None]]] = {
+        0: [("xrange", "first catch-up", None)],
+        100: [("read", "live read", None)],
+        200: [("xrange", "recheck of a quiet channel", None)],
+        300: [("read", "live read", None), ("xrange", "catch-up after reconnecting", None)],
+        400: [("read", "live read, 5 events published meanwhile", publish_five)],
+        500: [("read", "live read", None), ("read", "SUBSCRIBE after reconnecting", None)],
+    }
+    all_fired = {seq: threading.Event() for seq in plan}
+    fired_per_seq: defaultdict[int, int] = defaultdict(int)
+
+    def count_fired() -> None:
+        seq = faults.delivered
+        fired_per_seq[seq] += 1
+        if fired_per_seq[seq] == len(plan[seq]):
+            all_fired[seq].set()
+
+    def arm(seq: int) -> None:
+        for kind, label, before in plan.get(seq, []):
+            faults.arm(kind, label, before)
+
+    faults.on_fire = count_fired
+    arm(0)
+    reader = Reader(prefix, "s", 600, mode=mode, faults=faults, on_event=arm)
     reader.start()
-    publish_many(bus, "s", 600, pause=0.001)
+    seq = 0
+    while seq < 600:
+        if seq in plan:
+            assert all_fired[seq].wait(30), f"faults planned after seq {seq} did not all fire"
+            seq = bus.last_seq("s")  # a fault may have published events of its own
+            if seq >= 600:
+                break
+        seq = bus.publish(text("s")).seq
     assert reader.result() == list(range(1, 601))
-    assert FlakyRedis.failures + AsyncFlakyRedis.failures >= 5
+    assert faults.fired == [(seq, label) for seq, steps in plan.items() for _, label, _ in steps]
 
 
 def test_subscriber_gives_up_when_redis_stays_down() -> None:
