@@ -8,6 +8,8 @@ database to the newest revision and is safe to run from several processes at onc
 from __future__ import annotations
 
 import re
+import sqlite3
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -131,12 +133,32 @@ def _sqlite_engine(url: URL) -> Engine:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             if not in_memory:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _use_wal(cursor)
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
             cursor.close()
 
     return engine
+
+
+def _use_wal(cursor: Any) -> None:
+    """Switch the file to WAL mode, waiting for other connections like the busy timeout would.
+
+    Changing the journal mode needs an exclusive lock, and SQLite answers "database is locked"
+    at once instead of calling its busy handler when another connection holds one (another
+    process migrating the same fresh file, say): retry until the busy timeout has passed.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = cursor.execute("PRAGMA journal_mode").fetchone()[0]
+            if str(mode).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def check(engine: Engine) -> None:
