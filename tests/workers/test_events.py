@@ -24,6 +24,17 @@ from workers.messages import AgentTile, TaskNotification, TextDelta
 
 HOST, PORT = "127.0.0.1", 6379
 MODES = ["sync", "async"]
+#: A recheck period no test lives to see: the subscriber's idle timeout (15 s) and the reader's
+#: join (60 s) end it first, so whatever arrives came by reconnecting and gap filling alone.
+RECHECK_OFF = 3600.0
+#: How long a subscriber asked to stop may take before the test calls it stuck.
+STUCK = 30.0
+
+
+def finished_within(seconds: float, work: Callable[[], Any]) -> Any:
+    """Run ``work`` in a thread; fail if it is still running after ``seconds`` (it is stuck)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(work).result(timeout=seconds)
 
 
 @pytest.fixture
@@ -408,14 +419,16 @@ def test_subscriber_ends_after_until(bus: EventBus) -> None:
 def test_subscriber_ends_on_idle_timeout_and_on_stop(bus: EventBus) -> None:
     publish_many(bus, "s", 2)
     started = time.monotonic()
-    assert [e.seq for e in bus.subscribe("s", timeout=0.3)] == [1, 2]
-    assert 0.3 <= time.monotonic() - started < 3
+    got = finished_within(STUCK, lambda: [e.seq for e in bus.subscribe("s", timeout=0.3)])
+    assert got == [1, 2]
+    assert time.monotonic() - started >= 0.3  # not before the idle timeout
 
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
-    started = time.monotonic()
-    assert [e.seq for e in bus.subscribe("s", after_seq=1, stop=stop)] == [2]
-    assert time.monotonic() - started < 3
+    got = finished_within(
+        STUCK, lambda: [e.seq for e in bus.subscribe("s", after_seq=1, stop=stop)]
+    )
+    assert got == [2] and stop.is_set()
 
 
 def test_async_subscriber_ends_on_stop(make_bus: Callable[..., EventBus]) -> None:
@@ -427,9 +440,7 @@ def test_async_subscriber_ends_on_stop(make_bus: Callable[..., EventBus]) -> Non
             asyncio.get_running_loop().call_later(0.3, stop.set)
             return [e.seq async for e in bus.asubscribe("s", stop=stop)]
 
-    started = time.monotonic()
-    assert asyncio.run(main()) == [1]
-    assert time.monotonic() - started < 3
+    assert finished_within(STUCK, lambda: asyncio.run(main())) == [1]
 
 
 def test_async_subscriber_needs_an_async_client(bus: EventBus) -> None:
@@ -443,9 +454,10 @@ def test_event_whose_announcement_was_lost_still_arrives(
 ) -> None:
     """An event stored but never announced (its PUBLISH lost) is found on a quiet channel."""
     bus.publish(text("s"))
-    reader = Reader(prefix, "s", 2, mode=mode)
+    following = threading.Event()
+    reader = Reader(prefix, "s", 2, mode=mode, on_event=lambda seq: following.set())
     reader.start()
-    time.sleep(0.5)  # the reader is following the channel by now
+    assert following.wait(30)  # it delivered 1: from now on it follows the channel
     store_unannounced(bus, client, "s")
     assert reader.result() == [1, 2]
 
@@ -463,20 +475,20 @@ def kill_subscriber(admin: redis.Redis, name: str) -> int:
 def test_live_events_arrive_and_a_gap_is_filled_from_the_stream(
     bus: EventBus, client: redis.Redis, prefix: str, mode: str
 ) -> None:
-    """With the recheck off: 2 arrives live; live 4 right after 2 sends the subscriber to the
-    stream for 3, whose announcement was lost."""
+    """With the recheck off (RECHECK_OFF): 2 arrives live; live 4 right after 2 sends the
+    subscriber to the stream for 3, whose announcement was lost."""
     bus.publish(text("s"))
     seen: defaultdict[int, threading.Event] = defaultdict(threading.Event)
-    reader = Reader(prefix, "s", 4, mode=mode, recheck=60, on_event=lambda seq: seen[seq].set())
+    reader = Reader(
+        prefix, "s", 4, mode=mode, recheck=RECHECK_OFF, on_event=lambda seq: seen[seq].set()
+    )
     reader.start()
     assert seen[1].wait(10)
     bus.publish(text("s"))
     assert seen[2].wait(5)
     store_unannounced(bus, client, "s")
-    started = time.monotonic()
     bus.publish(text("s"))
     assert reader.result() == [1, 2, 3, 4]
-    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -485,7 +497,7 @@ def test_subscriber_survives_its_connection_being_killed(
 ) -> None:
     """Three times the reader kills its own pub/sub connection and publishes 5 events before it
     reads again, so those are surely lost on pub/sub; the stream must make up for them. The
-    recheck is off (60 s): only reconnecting and gap filling can recover."""
+    recheck is off (RECHECK_OFF): only reconnecting and gap filling can recover."""
     name = f"test-events-{uuid4().hex[:12]}"
     kills: list[int] = []  # the seq after which each kill happened
     recovered = threading.Event()
@@ -502,7 +514,7 @@ def test_subscriber_survives_its_connection_being_killed(
         return bool(event.type == "task_notification")
 
     reader = Reader(
-        prefix, "s", finished, mode=mode, name=name, recheck=60, on_event=kill_and_publish
+        prefix, "s", finished, mode=mode, name=name, recheck=RECHECK_OFF, on_event=kill_and_publish
     )
     reader.start()
     deadline = time.monotonic() + 30
@@ -528,12 +540,12 @@ def test_event_lost_while_reconnecting_arrives_at_once(
             kills.append(kill_subscriber(client, name))
             bus.publish(text("s"))
 
-    reader = Reader(prefix, "s", 2, mode=mode, name=name, recheck=60, on_event=kill_then_publish)
-    started = time.monotonic()
+    reader = Reader(
+        prefix, "s", 2, mode=mode, name=name, recheck=RECHECK_OFF, on_event=kill_then_publish
+    )
     reader.start()
     assert reader.result() == [1, 2]
     assert kills == [1]
-    assert time.monotonic() - started < 10
 
 
 @pytest.mark.parametrize("mode", MODES)
