@@ -108,6 +108,12 @@ class FakeLLM:
         with urllib.request.urlopen(f"{root}/_requests", timeout=10) as response:
             return json.loads(response.read())
 
+    def key_digests(self) -> list[str]:
+        """The SHA-256 of each chat request's bearer key, in order."""
+        root = self.base_url.removesuffix("/v1")
+        with urllib.request.urlopen(f"{root}/_keys", timeout=10) as response:
+            return json.loads(response.read())
+
     def requests_for(self, prompt: str) -> list[dict[str, Any]]:
         """The requests of the spawn whose first user message contains ``prompt``."""
         return [r for r in self.requests() if prompt in first_user(r)]

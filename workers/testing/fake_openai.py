@@ -10,7 +10,9 @@ changes) or set with ``POST /_script``::
 
 ``where`` is ``any`` (all message contents), ``last_user`` or ``system``; ``turn`` is the number of
 assistant messages already in the conversation; a rule ``delay`` replaces the global one. Other
-endpoints: ``GET /v1/models``, ``GET /_requests`` (every request body, in order), ``POST /_reset``
+endpoints: ``GET /v1/models``, ``GET /_requests`` (every request body, in order), ``GET /_keys``
+(the SHA-256 of each request's bearer key, in order), ``POST /_release`` (answer the requests a
+rule's ``hold`` keeps waiting), ``POST /_reset``
 (forget requests and rules set over HTTP). Run ``python -m workers.testing.fake_openai --help``.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import itertools
 import json
 import os
@@ -28,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +77,9 @@ class Rule(BaseModel):
     reply: Reply
     delay: float | None = None
     """Seconds before the first byte; replaces the server's global delay."""
+    hold: str | None = None
+    """Answer only once this name is released (``POST /_release {"hold": name}``): lets a test
+    see requests in flight without guessing how long they take."""
 
     def applies(self, messages: list[dict[str, Any]], turn: int) -> bool:
         """Whether this rule answers ``messages`` with ``turn`` assistant messages in them."""
@@ -151,6 +158,7 @@ class _Answer:
     content: str | None
     calls: list[dict[str, Any]]
     delay: float
+    hold: str | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -179,7 +187,12 @@ class _Service:
         self.script = _Script(script_path)
         self.delay = delay
         self.received: list[dict[str, Any]] = []
+        self.keys: list[str] = []
         self._ids = itertools.count(1)
+        self._holds: dict[str, asyncio.Event] = {}
+
+    def _released(self, name: str) -> asyncio.Event:
+        return self._holds.setdefault(name, asyncio.Event())
 
     def answer(self, messages: list[dict[str, Any]]) -> _Answer:
         """Apply the first matching rule (or the default reply) to a conversation."""
@@ -189,11 +202,14 @@ class _Service:
         content = _haystack(messages, "last_user") if reply.echo else reply.content
         calls = [_tool_call(f"call_{turn}_{i}", c) for i, c in enumerate(reply.tool_calls)]
         delay = rule.delay if rule and rule.delay is not None else self.delay
-        return _Answer(content, calls, delay)
+        return _Answer(content, calls, delay, rule.hold if rule else None)
 
     async def chat(self, request: Request) -> Response:
         body: dict[str, Any] = await request.json()
         self.received.append(body)
+        # Only a digest of the key: a test proves which key arrived without the fake keeping it.
+        bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
+        self.keys.append(hashlib.sha256(bearer.encode()).hexdigest() if bearer else "")
         messages: list[dict[str, Any]] = body.get("messages") or []
         answer = self.answer(messages)
         meta = {
@@ -202,6 +218,8 @@ class _Service:
             "model": body.get("model", "fake"),
         }
         usage = answer.usage(messages)
+        if answer.hold is not None:
+            await self._released(answer.hold).wait()
         if answer.delay > 0:
             await asyncio.sleep(answer.delay)
         if body.get("stream"):
@@ -223,13 +241,25 @@ class _Service:
     async def requests(self, request: Request) -> Response:
         return JSONResponse(self.received)
 
+    async def key_digests(self, request: Request) -> Response:
+        return JSONResponse(self.keys)
+
     async def set_script(self, request: Request) -> Response:
         self.script.rules = parse_rules(await request.json())
         return JSONResponse({"rules": len(self.script.rules)})
 
+    async def release(self, request: Request) -> Response:
+        body = await request.json()
+        self._released(str(body["hold"])).set()
+        return JSONResponse({"released": body["hold"]})
+
     async def reset(self, request: Request) -> Response:
         self.received.clear()
+        self.keys.clear()
         self.script.reset()
+        for held in self._holds.values():  # nothing stays stuck behind a forgotten rule
+            held.set()
+        self._holds.clear()
         return JSONResponse({"ok": True})
 
 
@@ -281,8 +311,10 @@ def create_app(script_path: Path | None = None, delay: float = 0.0) -> Starlette
         Route("/chat/completions", service.chat, methods=["POST"]),
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/_requests", service.requests, methods=["GET"]),
+        Route("/_keys", service.key_digests, methods=["GET"]),
         Route("/_script", service.set_script, methods=["POST"]),
         Route("/_reset", service.reset, methods=["POST"]),
+        Route("/_release", service.release, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ScriptError: _script_error})
     app.state.service = service
@@ -350,6 +382,20 @@ class FakeOpenAI:
     def requests(self) -> list[dict[str, Any]]:
         """Every chat request body received so far, in order."""
         return list(self._service.received)
+
+    def key_digests(self) -> list[str]:
+        """The SHA-256 of each chat request's bearer key ("" for none), in order."""
+        return list(self._service.keys)
+
+    def release(self, hold: str) -> None:
+        """Let the requests held by rules with ``hold`` answer (and later ones pass at once)."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/_release",
+            data=json.dumps({"hold": hold}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
 
     def __enter__(self) -> FakeOpenAI:
         sock = _bind("127.0.0.1", 0)
