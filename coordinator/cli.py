@@ -286,9 +286,11 @@ def worker(queues: str, concurrency: int, name: str, loglevel: str) -> None:
     from coordinator.turns import install
     from registry.sql_store import SqlUserStore
     from workers.app import app
+    from workers.hardening import harden_process
     from workers.runtime import worker_runtime
 
     runtime = worker_runtime()  # registry caught up, lease/reaper threads started
+    runtime.credentials = harden_process()  # settings are built: secrets leave os.environ
     engine = make_engine(database_url(runtime.settings))
     upgrade(engine)  # concurrent upgrades wait for each other
     runtime.use_user_store(SqlUserStore(engine))  # user personas from the database

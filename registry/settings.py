@@ -42,14 +42,19 @@ _ENV: dict[str, str] = {
     "ONGRID_TOPOLOGY_FILE": "topology_file",
     "ONGRID_REPO_ROOT": "repo_root",
     "ONGRID_LEASE_SECONDS": "lease_seconds",
+    "ONGRID_SANDBOX_USER": "sandbox_user",
 }
 #: Environment variables holding a path list (``os.pathsep``-separated).
 _ENV_LISTS: dict[str, str] = {
     "ONGRID_AGENTS_EXTERNAL_DIRS": "external_dirs",
     "ONGRID_KNOWLEDGE_DIRS": "knowledge_dirs",
+    "ONGRID_SANDBOX_HIDE": "sandbox_hide",
 }
 #: Environment variables holding a comma-separated list.
-_ENV_CSV: dict[str, str] = {"ONGRID_TOOL_MODULES": "tool_modules"}
+_ENV_CSV: dict[str, str] = {
+    "ONGRID_TOOL_MODULES": "tool_modules",
+    "ONGRID_SANDBOX_GROUPS": "sandbox_groups",
+}
 
 
 class RoleConfig(BaseModel):
@@ -114,11 +119,20 @@ class Settings(BaseModel):
     knowledge_dirs: list[Path] = Field(default_factory=list)
     repo_root: str = ""
     allow_reboot: bool = False
+    #: The unprivileged user diagnostic commands run as when the worker runs as root.
+    sandbox_user: str = "nobody"
+    #: Supplementary groups of that user inside the sandbox (``adm`` reads /var/log, the journal).
+    sandbox_groups: list[str] = Field(default_factory=list)
+    #: Paths the sandbox hides besides the worker's own (config file, data dir, cwd, home).
+    sandbox_hide: list[Path] = Field(default_factory=list)
     #: How long a worker's claim on a spawn lasts without a heartbeat: after a worker dies, its
     #: spawns are resumed elsewhere within about this time (heartbeat and reaper run faster).
     lease_seconds: float = Field(default=10.0, gt=0)
     #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
     tool_modules: list[str] = Field(default_factory=list)
+    #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as
+    #: the owner: everyone's). Deciding also needs a role with ``approve``.
+    approvers: dict[str, list[str]] = Field(default_factory=dict)
     #: Bearer tokens by SHA-256 digest (``auth.tokens`` in the config file holds them in clear).
     token_grants: dict[str, TokenGrant] = Field(default_factory=dict, repr=False)
     #: Free-form keys from the config file, checked by personas' ``metadata.requires.config``.
@@ -128,6 +142,10 @@ class Settings(BaseModel):
     def agent_dirs(self) -> list[Path]:
         """Disk roots in load order: ./agents, the external dirs, the marketplace root."""
         return [self.agents_dir, *self.external_dirs, self.marketplace_root]
+
+    def approvers_of(self, owner: str) -> set[str]:
+        """The users who may see and decide on ``owner``'s spawns, the owner included."""
+        return {owner, *self.approvers.get(owner, ()), *self.approvers.get("*", ())}
 
     def has_config(self, key: str) -> bool:
         """Whether configuration key ``key`` is set (a field or an ``extra`` entry, non-empty)."""

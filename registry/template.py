@@ -15,7 +15,19 @@ from typing import Any
 
 from registry.errors import TemplateError
 
-__all__ = ["MISSING", "check_template", "render_template"]
+__all__ = [
+    "MAX_CONTEXT_BYTES",
+    "MAX_CONTEXT_DEPTH",
+    "MISSING",
+    "check_context",
+    "check_depth",
+    "check_template",
+    "render_template",
+]
+
+#: How deep a spawn context may nest (``{"a": {"b": 1}}`` is 2) and how large it may be as JSON.
+MAX_CONTEXT_DEPTH = 8
+MAX_CONTEXT_BYTES = 16 * 1024
 
 #: What Go prints for a key that is not in the map.
 MISSING = "<no value>"
@@ -82,3 +94,26 @@ def render_template(template: str, context: Mapping[str, Any] | None) -> str:
                 pos += 1
     out.append(template[pos:])
     return "".join(out)
+
+
+def check_depth(value: Any, limit: int, what: str = "value") -> Any:
+    """Refuse (``ValueError``) JSON-like data whose dicts and lists nest deeper than ``limit``."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:  # iterative: a hostile depth must not exhaust the recursion limit
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                raise ValueError(f"{what} nests deeper than {limit} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return value
+
+
+def check_context(context: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Refuse (``ValueError`` saying why) a spawn context nested deeper than
+    :data:`MAX_CONTEXT_DEPTH` or larger than :data:`MAX_CONTEXT_BYTES` as JSON."""
+    check_depth(context, MAX_CONTEXT_DEPTH, "context")
+    size = len(json.dumps(context, ensure_ascii=False, default=str).encode())
+    if size > MAX_CONTEXT_BYTES:
+        raise ValueError(f"context is {size} bytes as JSON; at most {MAX_CONTEXT_BYTES} allowed")
+    return context

@@ -8,6 +8,7 @@ them a spawn may call lives in :mod:`registry.policy`.
 from __future__ import annotations
 
 import inspect
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from registry.errors import NotFoundError, ToolArgumentError
+from registry.template import check_depth
 
 __all__ = [
     "AGENT_TOOL_NAME",
@@ -28,6 +30,10 @@ __all__ = [
     "ToolResult",
     "function_tool",
 ]
+
+#: Bounds on every tool's arguments, whatever its schema says.
+MAX_ARGUMENTS_BYTES = 64 * 1024
+MAX_ARGUMENTS_DEPTH = 16
 
 #: The tool that spawns another persona. Never part of a worker's bag: workers cannot spawn workers.
 AGENT_TOOL_NAME = "spawn_agent"
@@ -69,6 +75,9 @@ class ToolContext:
     user: str = ""
     role: str = ""
     settings: Any = None
+    #: Where command tools run what the model asks for (a ``workers.sandbox.Sandbox``);
+    #: ``None``: they run nothing.
+    sandbox: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -92,9 +101,18 @@ class BaseTool(ABC):
         return schema
 
     def validate_arguments(self, arguments: Mapping[str, Any] | None) -> BaseModel:
-        """Check ``arguments`` against the schema; :class:`ToolArgumentError` says what is wrong."""
+        """Check ``arguments`` against the schema; :class:`ToolArgumentError` says what is wrong.
+
+        Before the schema, every tool's arguments are bounded: at most
+        :data:`MAX_ARGUMENTS_BYTES` as JSON, :data:`MAX_ARGUMENTS_DEPTH` levels deep, and no NUL
+        character in any string (no path, command or query may carry one).
+        """
+        raw = dict(arguments or {})
+        problem = _argument_problem(raw)
+        if problem:
+            raise ToolArgumentError(f"invalid arguments for {self.name}: {problem}")
         try:
-            return self.args_model.model_validate(dict(arguments or {}))
+            return self.args_model.model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or '(arguments)'}: {err['msg']}"
@@ -117,6 +135,26 @@ class BaseTool(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} ({self.tool_class.value})>"
+
+
+def _argument_problem(arguments: dict[str, Any]) -> str:
+    try:
+        check_depth(arguments, MAX_ARGUMENTS_DEPTH, "the arguments")
+    except ValueError as exc:
+        return str(exc)
+    if len(json.dumps(arguments, default=str)) > MAX_ARGUMENTS_BYTES:
+        return f"the arguments are larger than {MAX_ARGUMENTS_BYTES // 1024} KiB"
+    stack: list[Any] = [arguments]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str) and "\0" in item:
+            return "a string contains a NUL character"
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return ""
 
 
 class _StrictArgs(BaseModel):

@@ -2,12 +2,14 @@
 
 litellm fetches its model cost map from the internet at import unless
 ``LITELLM_LOCAL_MODEL_COST_MAP`` is set; we set it before the import so the runtime works
-air-gapped. Provider variables (``OPENAI_API_BASE``, ``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``…) are
-read by litellm as it documents them, unless ``api_base`` / ``api_key`` are passed explicitly.
+air-gapped. Provider keys come from a :class:`~workers.hardening.ProviderCredentials` (a worker
+takes them out of ``os.environ`` at start) and are passed to each call; other provider variables
+(``OPENAI_API_BASE``…) are read by litellm as it documents them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -21,6 +23,7 @@ import httpx  # noqa: E402
 import litellm  # noqa: E402
 import openai  # noqa: E402  - litellm's exceptions derive from the OpenAI SDK's
 
+from workers.hardening import ProviderCredentials  # noqa: E402
 from workers.messages import Message, ToolCall, Usage  # noqa: E402
 from workers.model import ModelError, ModelReply, ModelRequest  # noqa: E402
 
@@ -51,16 +54,27 @@ _RETRYABLE = (
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
-def has_credentials(model_id: str) -> bool:
-    """Whether litellm knows ``model_id``'s provider and finds its credentials in the environment.
+@functools.lru_cache(maxsize=1024)
+def _provider(model_id: str) -> str | None:
+    """litellm's provider of ``model_id``; ``None`` for a provider it does not know."""
+    try:
+        return str(litellm.get_llm_provider(model_id)[1])
+    except Exception:  # noqa: BLE001 - litellm raises BadRequestError for an unknown provider
+        return None
+
+
+def has_credentials(model_id: str, credentials: ProviderCredentials | None = None) -> bool:
+    """Whether litellm knows ``model_id``'s provider and its credentials are configured, in
+    ``credentials`` or in the environment.
 
     litellm answers "keys present" for providers it does not know, so the provider is looked up
     first (``provider/model``, or a bare name litellm maps, such as ``gpt-4o-mini``).
     """
-    try:
-        litellm.get_llm_provider(model_id)
-    except Exception:  # noqa: BLE001 - litellm raises BadRequestError for an unknown provider
+    provider = _provider(model_id)
+    if provider is None:
         return False
+    if credentials is not None and credentials.for_provider(provider):
+        return True
     try:
         return bool(litellm.validate_environment(model=model_id)["keys_in_environment"])
     except Exception:  # noqa: BLE001 - an unknown provider is simply "not configured"
@@ -176,7 +190,8 @@ class LitellmModel:
     """Streams a chat completion through litellm and rebuilds the full reply from the chunks.
 
     ``max_retries`` is handed to the provider client (the OpenAI SDK retries twice by default);
-    ``api_base`` / ``api_key`` override the provider's environment variables.
+    ``credentials`` supply each provider's key; ``api_base`` / ``api_key`` override both them and
+    the provider's environment variables.
     """
 
     def __init__(
@@ -186,10 +201,17 @@ class LitellmModel:
         max_retries: int | None = None,
         api_base: str | None = None,
         api_key: str | None = None,
+        credentials: ProviderCredentials | None = None,
     ) -> None:
         self.timeout = timeout
+        self.credentials = credentials or ProviderCredentials()
         options = {"max_retries": max_retries, "api_base": api_base, "api_key": api_key}
         self.options: dict[str, Any] = {k: v for k, v in options.items() if v is not None}
+
+    def _call_options(self, model: str) -> dict[str, Any]:
+        provider = _provider(model)
+        given = self.credentials.for_provider(provider) if provider else {}
+        return {**given, **self.options}
 
     def stream(self, request: ModelRequest) -> Generator[str | ModelReply, None, None]:
         reply = _Reply()
@@ -202,7 +224,7 @@ class LitellmModel:
                 stream=True,
                 stream_options={"include_usage": True},
                 timeout=self.timeout,
-                **self.options,
+                **self._call_options(request.model),
             )
             for chunk in response:
                 text = reply.add(chunk)

@@ -17,6 +17,7 @@ from registry.agent_registry import AgentRegistry, Snapshot
 from registry.defaults import build_registry
 from registry.errors import NotFoundError, UserError
 from registry.settings import Settings
+from registry.template import check_context
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, SPAWN_TASK, make_celery
 from workers.events import EventBus
 from workers.messages import Event
@@ -85,6 +86,10 @@ class SpawnClient:
                 why = snapshot.unavailable[persona]
                 raise UserError(f"agent {persona!r} is unavailable: {why}")
             queue = QUEUES["background" if background else "interactive"]
+        try:
+            check_context(context or {})
+        except ValueError as exc:
+            raise UserError(f"invalid spawn context: {exc}") from None
         role = role or self.settings.default_role
         if role not in self.settings.roles:
             raise NotFoundError("role", role, sorted(self.settings.roles))

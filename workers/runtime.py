@@ -28,10 +28,12 @@ from registry.template import render_template
 from registry.tools import ToolCatalog, ToolContext
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.events import EventBus
+from workers.hardening import ProviderCredentials
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
 from workers.messages import AgentTile, Event, Message, TaskNotification
 from workers.model import DEMO_MODEL, Model, ModelError, resolve_model_id
 from workers.reload import RegistryFollower, cluster_version
+from workers.sandbox import Sandbox
 from workers.spawns import LeaseLost, SpawnRecord, SpawnStore
 from workers.tools import default_catalog
 
@@ -56,26 +58,20 @@ class SpawnCancelled(Exception):
     pass
 
 
-def _credentials(model_id: str) -> bool:
-    from workers._litellm import has_credentials
-
-    return has_credentials(model_id)
-
-
 def _load_model_adapter() -> None:
     """Import litellm (seconds of CPU) at start-up: a worker that says it is ready is, and the
     first spawn it takes does not wait for the import."""
     import workers._litellm  # noqa: F401
 
 
-def model_for(model_id: str) -> Model:
+def model_for(model_id: str, credentials: ProviderCredentials | None = None) -> Model:
     if model_id == DEMO_MODEL:
         from workers.demo_model import DemoModel
 
         return DemoModel()
     from workers._litellm import LitellmModel
 
-    return LitellmModel()
+    return LitellmModel(credentials=credentials)
 
 
 def system_prompt(persona: Persona) -> str:
@@ -120,6 +116,10 @@ class WorkerRuntime:
         version = cluster_version(self.redis)  # before the disk is read: see RegistryFollower
         self.registry: AgentRegistry = build_registry(settings)
         self.catalog: ToolCatalog = default_catalog(settings.tool_modules)
+        self.sandbox = Sandbox.for_worker(settings)
+        #: Model provider keys; a worker process replaces them with those it took out of the
+        #: environment (:func:`workers.hardening.harden_process`).
+        self.credentials = ProviderCredentials.from_environ()
         self.bus = EventBus(self.redis)
         self.store = SpawnStore(self.redis)
         self.follower = RegistryFollower(self.redis, self.registry, seen=version)
@@ -130,9 +130,17 @@ class WorkerRuntime:
         self._stop = threading.Event()
         if start_threads:  # a worker process: be ready to run spawns before taking any
             _load_model_adapter()
+            why = self.sandbox.unavailable()
+            if why is not None:
+                log.warning("bash and host_bash are unavailable on this worker: %s", why)
             self.follower.start()
             threading.Thread(target=self._heartbeat, name="lease-heartbeat", daemon=True).start()
             threading.Thread(target=self._reaper, name="spawn-reaper", daemon=True).start()
+
+    def _has_credentials(self, model_id: str) -> bool:
+        from workers._litellm import has_credentials
+
+        return has_credentials(model_id, self.credentials)
 
     def register_persona(self, name: str, factory: Callable[[Snapshot], Persona]) -> None:
         """Run spawns of ``name`` with the persona ``factory`` builds from the registry snapshot
@@ -204,6 +212,7 @@ class WorkerRuntime:
                 user=record.user,
                 role=record.role,
                 settings=self.settings,
+                sandbox=self.sandbox,
             ),
         )
         assert record.state is not None
@@ -216,7 +225,11 @@ class WorkerRuntime:
 
         try:
             outcome = run_loop(
-                setup, record.state, model_for(record.model_id), self._sink(spawn_id), checkpoint
+                setup,
+                record.state,
+                model_for(record.model_id, self.credentials),
+                self._sink(spawn_id),
+                checkpoint,
             )
         except SpawnCancelled:
             return self._finish(record, token, "cancelled", "cancelled on request")
@@ -245,7 +258,7 @@ class WorkerRuntime:
                 persona.model,
                 default_model=self.settings.default_model,
                 default_provider=self.settings.default_provider,
-                has_credentials=_credentials,
+                has_credentials=self._has_credentials,
             )
         persona = parse_persona(record.persona_markdown).persona
         role = self.settings.roles.get(record.role)

@@ -25,6 +25,7 @@ from registry.settings import Settings
 from registry.sql_store import SqlUserStore
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
+from workers.hardening import harden_process
 from workers.reload import RegistryFollower, cluster_version
 from workers.tools import default_catalog
 
@@ -98,13 +99,16 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     for module in (chat, spawns, agents, skills, health):
         app.include_router(module.router)
+    app.include_router(spawns.approvals_router)
     return app
 
 
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve the API with uvicorn until interrupted. Access logs carry no headers (no tokens)."""
+    app = create_app(settings)
+    harden_process()  # the settings are built: secrets leave os.environ
     uvicorn.run(
-        create_app(settings),
+        app,
         host=host,
         port=port,
         timeout_graceful_shutdown=SHUTDOWN_GRACE,

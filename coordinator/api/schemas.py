@@ -16,6 +16,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from registry.persona import DEFAULT_MAX_TURNS, NAME_PATTERN, PermissionMode, Source
 from registry.policy import Confirmation
 from registry.sql_store import MAX_NAME_LENGTH
+from registry.template import (
+    MAX_CONTEXT_BYTES,
+    MAX_CONTEXT_DEPTH,
+    check_context,
+    check_depth,
+)
 from registry.tools import ToolClass
 from workers.loop import Approval
 from workers.messages import Message, ToolCall, Usage
@@ -34,6 +40,7 @@ __all__ = [
     "HistoryOut",
     "MessageIn",
     "MessageOut",
+    "PendingApprovalOut",
     "PersonaIn",
     "PersonaPatch",
     "ReadyOut",
@@ -71,7 +78,19 @@ def _check_tree(value: Any) -> Any:
 
 
 Text = Annotated[str, AfterValidator(_check_text)]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_check_tree)]
+
+
+def _bounded(value: Any) -> Any:
+    return check_depth(value, MAX_JSON_DEPTH)
+
+
+#: How deep any other JSON object of a request may nest.
+MAX_JSON_DEPTH = 16
+JsonObject = Annotated[dict[str, Any], AfterValidator(_bounded), AfterValidator(_check_tree)]
+#: A spawn context: bounded in depth and size before anything walks it recursively.
+ContextObject = Annotated[
+    dict[str, Any], AfterValidator(check_context), AfterValidator(_check_tree)
+]
 AgentName = Annotated[
     str, Field(min_length=1, max_length=MAX_NAME_LENGTH, description="A persona's name.")
 ]
@@ -130,8 +149,10 @@ class ChatIn(_Request):
         default=None,
         description="Spawn this persona directly instead of letting the coordinator pick one.",
     )
-    context: JsonObject = Field(
-        default_factory=dict, description="Values for the persona's `initial_prompt` template."
+    context: ContextObject = Field(
+        default_factory=dict,
+        description="Values for the persona's `initial_prompt` template "
+        f"(at most {MAX_CONTEXT_DEPTH} levels deep, {MAX_CONTEXT_BYTES} bytes as JSON).",
     )
 
 
@@ -140,8 +161,10 @@ class MessageIn(_Request):
 
     content: Text = Field(min_length=1, description="The user's message.")
     agent: AgentName | None = Field(default=None, description="Spawn this persona directly.")
-    context: JsonObject = Field(
-        default_factory=dict, description="Values for the persona's `initial_prompt` template."
+    context: ContextObject = Field(
+        default_factory=dict,
+        description="Values for the persona's `initial_prompt` template "
+        f"(at most {MAX_CONTEXT_DEPTH} levels deep, {MAX_CONTEXT_BYTES} bytes as JSON).",
     )
 
 
@@ -223,6 +246,18 @@ class DecisionOut(BaseModel):
     spawn_id: str
     status: SpawnStatus
     approvals: dict[str, Approval]
+    call: ToolCall = Field(description="The call decided on: tool name and arguments.")
+
+
+class PendingApprovalOut(BaseModel):
+    """A tool call waiting for a decision the caller may take."""
+
+    spawn_id: str
+    session_id: str
+    owner: str = Field(description="The user whose spawn it is.")
+    persona: str
+    call: ToolCall = Field(description="Tool name and the arguments it will run with.")
+    approved_by: list[str] = Field(description="Who approved it so far (dual sign-off).")
 
 
 # -- agents ------------------------------------------------------------------------------------

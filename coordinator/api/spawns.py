@@ -1,4 +1,9 @@
-"""One spawn: its transcript (the tile's "open transcript") and decisions on its tool calls."""
+"""One spawn: its transcript (the tile's "open transcript") and decisions on its tool calls.
+
+Who may see a spawn: its owner and the owner's approvers (``approvers`` in the settings). Every
+spawn a caller may not see answers the same 404 as one that does not exist, whatever its state,
+so nothing (not even the call ids it waits on) leaks to someone who guesses an id.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,19 @@ from fastapi import APIRouter
 
 from coordinator.api.deps import Approver, Caller, Svc
 from coordinator.api.errors import Conflict
-from coordinator.api.schemas import DecisionIn, DecisionOut, ErrorOut, TranscriptOut
+from coordinator.api.schemas import (
+    DecisionIn,
+    DecisionOut,
+    ErrorOut,
+    PendingApprovalOut,
+    TranscriptOut,
+)
+from coordinator.auth import Principal
 from registry.errors import NotFoundError
-from workers.messages import Usage
+from workers.messages import ToolCall, Usage
 from workers.spawns import SpawnRecord
 
-__all__ = ["router"]
+__all__ = ["approvals_router", "router", "visible_spawn"]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 422, 503)
@@ -70,21 +82,27 @@ def _transcript(record: SpawnRecord) -> dict[str, Any]:
     }
 
 
+def visible_spawn(svc: Svc, spawn_id: str, who: Principal) -> SpawnRecord:
+    """The spawn, if ``who`` may see it; otherwise the 404 of a spawn that does not exist."""
+    record = svc.client.store.get(spawn_id)
+    if record is None or who.user not in svc.settings.approvers_of(record.user):
+        raise NotFoundError("spawn", spawn_id)
+    return record
+
+
 @router.get("/{spawn_id}", response_model=TranscriptOut)
 def transcript(spawn_id: str, who: Caller, svc: Svc) -> dict[str, Any]:
     """Messages, tool calls and results, usage per model call and in total, status."""
-    record = svc.client.store.get(spawn_id)
-    if record is None or record.user != who.user:  # another user's spawn is not there for you
-        raise NotFoundError("spawn", spawn_id)
-    return _transcript(record)
+    return _transcript(visible_spawn(svc, spawn_id, who))
 
 
 @router.post("/{spawn_id}/decisions", response_model=DecisionOut)
 def decide(spawn_id: str, body: DecisionIn, who: Approver, svc: Svc) -> DecisionOut:
-    """Approve or deny a tool call that waits for confirmation; the spawn then resumes."""
-    record = svc.client.store.get(spawn_id)
-    if record is None:
-        raise NotFoundError("spawn", spawn_id)
+    """Approve or deny a tool call that waits for confirmation; the spawn then resumes.
+
+    Only the spawn's owner and the owner's approvers may decide, with a role that may approve.
+    """
+    record = visible_spawn(svc, spawn_id, who)
     waiting = record.state.approvals if record.state else {}
     if record.status != "waiting" or body.call_id not in waiting:
         raise Conflict(
@@ -92,6 +110,49 @@ def decide(spawn_id: str, body: DecisionIn, who: Approver, svc: Svc) -> Decision
             {"status": record.status, "waiting_on": sorted(waiting)},
             code="not_waiting",
         )
+    call = _pending_call(record, body.call_id)
     decided = svc.client.decide(spawn_id, body.call_id, who.user, body.approve)
     approvals = decided.state.approvals if decided.state else {}
-    return DecisionOut(spawn_id=spawn_id, status=decided.status, approvals=approvals)
+    return DecisionOut(spawn_id=spawn_id, status=decided.status, approvals=approvals, call=call)
+
+
+def _pending_call(record: SpawnRecord, call_id: str) -> ToolCall:
+    """The call a decision is about, as the model asked for it (its arguments included)."""
+    state = record.state
+    found = next((c for c in state.pending if c.id == call_id), None) if state else None
+    if found is None:
+        raise Conflict(
+            f"spawn {record.spawn_id} has no pending call {call_id!r}", code="not_waiting"
+        )
+    return found
+
+
+approvals_router = APIRouter(prefix="/api/v1/approvals", tags=["spawns"], responses=_ERRORS)
+
+
+@approvals_router.get("", response_model=list[PendingApprovalOut])
+def pending_approvals(who: Caller, svc: Svc) -> list[dict[str, Any]]:
+    """The tool calls waiting for a decision that the caller may see, with their arguments."""
+    out: list[dict[str, Any]] = []
+    store = svc.client.store
+    for spawn_id in store.active():
+        record = store.get(spawn_id)
+        if record is None or record.status != "waiting" or record.state is None:
+            continue
+        if who.user not in svc.settings.approvers_of(record.user):
+            continue
+        for call in record.state.pending:
+            approval = record.state.approvals.get(call.id)
+            if approval is None or approval.denied_by is not None:
+                continue
+            out.append(
+                {
+                    "spawn_id": record.spawn_id,
+                    "session_id": record.session_id,
+                    "owner": record.user,
+                    "persona": record.persona,
+                    "call": call,
+                    "approved_by": approval.approved_by,
+                }
+            )
+    return out

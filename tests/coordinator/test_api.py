@@ -33,6 +33,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from coordinator.api import create_app
 from coordinator.db import make_engine, upgrade
 from registry.settings import Settings, TokenGrant, token_digest
+from workers.loop import Approval, LoopState
+from workers.messages import Message, ToolCall
 from workers.spawns import SpawnRecord
 from workers.testing.fake_openai import start_subprocess
 
@@ -43,10 +45,11 @@ MODEL = "openai/gpt-4o-mini"
 PG_ADMIN_URL = os.environ.get(
     "ONGRID_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
-#: Tokens of the test's users: alice and carol are admins, bob a viewer.
+#: Tokens of the test's users: alice and carol are admins, dave an operator, bob a viewer.
 TOKENS = {
     "alice": ("alice-admin-token-0000001", "admin"),
     "carol": ("carol-admin-token-0000003", "admin"),
+    "dave": ("dave-operator-token-000004", "operator"),
     "bob": ("bob-viewer-token-00000002", "viewer"),
 }
 WORKER_START = 90.0
@@ -472,6 +475,83 @@ def test_another_users_session_and_spawn_are_404(api: Api):
         assert error_of(response)["code"] == "not_found"
     assert bob.get("/api/v1/chat/sessions").json() == []
     assert [s["id"] for s in alice.get("/api/v1/chat/sessions").json()] == [session_id]
+
+
+def _waiting_spawn(api: Api, owner: str) -> SpawnRecord:
+    """A spawn of ``owner`` parked on a write call, as a worker leaves it."""
+    call = ToolCall(id="call_restart_1", name="host_restart_service", arguments='{"unit": "nginx"}')
+    record = SpawnRecord(
+        session_id=uuid.uuid4().hex,
+        persona="restarter",
+        prompt="restart nginx",
+        user=owner,
+        status="waiting",
+        state=LoopState(
+            messages=[Message(role="assistant", content="", tool_calls=[call])],
+            pending=[call],
+            approvals={call.id: Approval()},
+        ),
+    )
+    api.services.client.store.create(record)
+    return record
+
+
+@pytest.fixture
+def approvers_api(site: Site, redis_db: redis.Redis) -> Iterator[Api]:
+    """Carol approves alice's calls; dave (an operator, who may approve) is nobody's approver."""
+    server = Api(site.settings(approvers={"alice": ["carol"]}))
+    yield server
+    server.close()
+
+
+def test_only_the_owner_and_their_approvers_see_and_decide(approvers_api: Api):
+    record = _waiting_spawn(approvers_api, "alice")
+    url = f"/api/v1/spawns/{record.spawn_id}"
+    decision = {"call_id": "call_restart_1", "approve": True}
+    dave = approvers_api.client("dave")
+    missing = dave.post("/api/v1/spawns/no-such-spawn/decisions", json=decision)
+    assert missing.status_code == 404
+    for response in (  # every way in answers like a spawn that does not exist
+        dave.get(url),
+        dave.post(f"{url}/decisions", json=decision),
+        dave.post(f"{url}/decisions", json={"call_id": "guess", "approve": True}),
+    ):
+        assert response.status_code == 404, response.text
+        assert error_of(response)["code"] == "not_found"
+        assert "call_restart_1" not in response.text and "nginx" not in response.text
+    assert dave.get("/api/v1/approvals").json() == []
+    carol = approvers_api.client("carol")
+    (pending,) = carol.get("/api/v1/approvals").json()
+    assert pending["spawn_id"] == record.spawn_id and pending["owner"] == "alice"
+    assert pending["call"] == {
+        "id": "call_restart_1",
+        "name": "host_restart_service",
+        "arguments": '{"unit": "nginx"}',
+    }
+    assert carol.get(url).status_code == 200
+    decided = carol.post(f"{url}/decisions", json=decision)
+    assert decided.status_code == 200, decided.text
+    assert decided.json()["call"]["arguments"] == '{"unit": "nginx"}'
+    assert decided.json()["approvals"]["call_restart_1"]["approved_by"] == ["carol"]
+    assert approvers_api.client("bob").get("/api/v1/approvals").json() == []
+
+
+def test_a_context_too_deep_or_too_big_is_422_and_starts_nothing(api: Api):
+    client = api.client()
+    deep: dict[str, Any] = {"leaf": 1}
+    for _ in range(300):
+        deep = {"d": deep}
+    too_deep = client.post(
+        "/api/v1/chat", json={"prompt": "hi", "agent": "generalist", "context": deep}
+    )
+    assert too_deep.status_code == 422, too_deep.text
+    assert "deeper than 8 levels" in error_of(too_deep)["message"]
+    big = {"blob": "x" * 20_000}
+    too_big = client.post(
+        "/api/v1/chat", json={"prompt": "hi", "agent": "generalist", "context": big}
+    )
+    assert too_big.status_code == 422 and "bytes as JSON" in error_of(too_big)["message"]
+    assert client.get("/api/v1/chat/sessions").json() == []
 
 
 def test_bad_bodies_get_clear_4xx_and_change_nothing(api: Api):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,8 +19,6 @@ import pytest
 from registry.errors import ToolArgumentError
 from registry.tools import AGENT_TOOL_NAME, ToolContext, ToolResult
 from workers.tools import default_catalog
-from workers.tools._clickhouse import SqlRefused, check_system_select
-from workers.tools._shell import run_argv
 
 CATALOG = default_catalog()
 
@@ -167,101 +165,6 @@ def test_edge_summary_is_short_and_real() -> None:
     assert len(result.content.splitlines()) == 5
 
 
-# --- bash -----------------------------------------------------------------------------------
-
-
-def test_bash_runs_df_for_real() -> None:
-    result = call("bash", command="df -h")
-    assert not result.is_error
-    assert result.data["exit_code"] == 0
-    assert "Filesystem" in result.data["stdout"]
-    assert result.content.startswith("$ df -h\nexit code: 0")
-
-
-def test_host_bash_is_the_same_tool_under_another_name() -> None:
-    result = call("host_bash", command="uname -a")
-    assert not result.is_error
-    assert os.uname().sysname in result.data["stdout"]
-    assert os.uname().release in result.data["stdout"]
-
-
-@pytest.mark.parametrize(
-    ("command", "why"),
-    [
-        ("rm -rf /", "not an allowed command"),
-        ("cat /root/secret", "outside the readable roots"),
-        ("ls; id", "shell metacharacters"),
-        ("ls && id", "shell metacharacters"),
-        ("cat /etc/hostname > /tmp/x", "shell metacharacters"),
-        ("echo $(id)", "shell metacharacters"),
-        ("cat /etc/../root/secret", "outside the readable roots"),
-        ("cat /proc/self/environ", "credentials"),
-        ("grep -f /root/patterns /etc/hostname", "outside the readable roots"),
-        ("grep -R root /etc", "follows symlinks"),
-        ("systemctl restart nginx", "systemctl is limited"),
-        ("ip link set lo down", "ip is limited"),
-        ("date -s 2020-01-01", "sets the clock"),
-        ("date 010100002020", "cannot set the clock"),
-        ("journalctl --vacuum-time=1s", "deletes or rewrites"),
-        ("dmesg --clear", "clears"),
-        ("hostname pwned", "cannot set it"),
-        ("mount /dev/sda1 /mnt", "may only list"),
-        ("tail -f /var/log/syslog", "never finishes"),
-        ("ps auxe", "environments"),
-        ("/bin/rm -rf /", "by name"),
-    ],
-)
-def test_bash_refuses(command: str, why: str) -> None:
-    result = call("bash", command=command)
-    assert result.is_error
-    assert result.content.startswith("refused:")
-    assert why in result.content
-
-
-def test_bash_reads_inside_roots_and_truncates_long_output(tmp_path: Any) -> None:
-    big = tmp_path / "big.log"
-    big.write_text("x" * 40_000 + "\n")
-    settings = SimpleNamespace(repo_root=str(tmp_path))
-    result = call("bash", settings, command=f"cat {big}")
-    assert not result.is_error
-    assert "output truncated at 16 KiB" in result.content
-    assert len(result.data["stdout"]) < 17_000
-    refused = call("bash", command=f"cat {big}")  # without the setting, tmp is not a root
-    assert refused.is_error and "outside the readable roots" in refused.content
-
-
-def test_bash_reports_nonzero_exit_without_failing() -> None:
-    result = call("bash", command="grep -c no-such-string-anywhere-xyz /etc/hostname")
-    assert not result.is_error
-    assert result.data["exit_code"] == 1
-
-
-def test_commands_are_killed_at_the_timeout_with_partial_output() -> None:
-    script = "print('started', flush=True); import time; time.sleep(30)"
-    done = run_argv([sys.executable, "-c", script], timeout=1)
-    assert done.exit_code is None
-    assert done.stdout == "started\n"
-    assert done.render().splitlines()[1] == "timed out"
-
-
-def test_restart_service_validates_unit_and_needs_systemctl(
-    monkeypatch: Any, tmp_path: Any
-) -> None:
-    bad = call("host_restart_service", unit="nginx;reboot")
-    assert bad.is_error and "not a valid systemd unit name" in bad.content
-    assert call("host_restart_service", unit="--force").is_error
-    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no systemctl anywhere
-    missing = call("host_restart_service", unit="nginx.service")
-    assert missing.is_error and "systemctl is not on PATH" in missing.content
-
-
-def test_reboot_is_disabled_unless_allowed() -> None:
-    for settings in (None, SimpleNamespace(allow_reboot=False)):
-        result = call("host_reboot", settings, reason="kernel update")
-        assert result.is_error
-        assert "disabled on this host" in result.content
-
-
 # --- Prometheus, Loki, Tempo ----------------------------------------------------------------
 
 VECTOR = {
@@ -382,44 +285,6 @@ def test_query_traceql(backend: Backend) -> None:
 
 
 # --- ClickHouse -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "sql",
-    [
-        "SELECT * FROM system.parts",
-        "select table, count() from system.parts where active group by table;",
-        "SELECT * FROM `system`.`parts` AS p JOIN system.tables t ON p.table = t.name",
-        "SELECT * FROM system.parts WHERE table = 'x FROM default.t; DROP TABLE y'",
-        "SELECT extract(DAY FROM event_time) FROM system.query_log",
-        "SELECT * FROM clusterAllReplicas('main', system.replicas)",
-        "SELECT 1 -- FROM default.t\nFROM system.one",
-        "SELECT name FROM system.tables ARRAY JOIN [1, 2] AS n",
-    ],
-)
-def test_clickhouse_guard_accepts(sql: str) -> None:
-    assert check_system_select(sql)
-
-
-@pytest.mark.parametrize(
-    ("sql", "why"),
-    [
-        ("DROP TABLE x", "single SELECT"),
-        ("SELECT * FROM default.t", "not a table of the system database"),
-        ("SELECT * FROM parts", "not a table of the system database"),
-        ("SELECT 1 FROM system.one; DROP TABLE x", "one statement"),
-        ("SELECT * FROM system.one JOIN default.t USING x", "default.t"),
-        ("SELECT * FROM system.one WHERE 1 IN (SELECT x FROM default.t)", "default.t"),
-        ("SELECT * FROM url('http://evil/', CSV, 'a String')", "url"),
-        ("SELECT * FROM system.one, default.t", "comma joins"),
-        ("SELECT * FROM system.one INTO OUTFILE '/tmp/x'", "OUTFILE"),
-        ("INSERT INTO system.one SELECT 1", "single SELECT"),
-        ("SELECT 'unterminated FROM system.one", "unterminated"),
-    ],
-)
-def test_clickhouse_guard_refuses(sql: str, why: str) -> None:
-    with pytest.raises(SqlRefused, match=why):
-        check_system_select(sql)
 
 
 def test_clickhouse_refuses_before_any_network_call(backend: Backend) -> None:
@@ -652,3 +517,42 @@ def test_read_repo_missing_and_not_configured(repo: SimpleNamespace) -> None:
     assert "does not exist" in call("read_repo", repo, path="nope.txt").content
     result = call("read_repo", None, path="README.md")
     assert result.is_error and "ONGRID_REPO_ROOT" in result.content
+
+
+def test_read_repo_reads_only_regular_files(repo: SimpleNamespace) -> None:
+    root = Path(repo.repo_root)
+    os.mkfifo(root / "pipe")  # opening it for reading would block until a writer came
+    (root / "null").symlink_to("/dev/null")
+    fifo = call("read_repo", repo, path="pipe")
+    assert fifo.is_error and "not a regular file" in fifo.content
+    device = call("read_repo", repo, path="null")
+    assert device.is_error and "outside the repository root" in device.content
+
+
+def test_read_repo_streams_big_files_and_says_when_it_stopped_counting(
+    repo: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.tools import _repo
+
+    monkeypatch.setattr(_repo, "MAX_READ_BYTES", 10_000)
+    big = Path(repo.repo_root) / "big.log"
+    big.write_text("".join(f"entry {i}\n" for i in range(100_000)))
+    result = call("read_repo", repo, path="big.log", start_line=3, max_lines=2)
+    assert not result.is_error
+    header, *lines = result.content.splitlines()
+    assert header.startswith("big.log: lines 3-4 of more than ")
+    assert [line.split()[-1] for line in lines] == ["2", "3"]
+    assert result.data["total_lines"] is None
+
+
+def test_tool_arguments_are_bounded_for_every_tool() -> None:
+    for tool in CATALOG:
+        with pytest.raises(ToolArgumentError, match="NUL"):
+            tool.validate_arguments({"x": "a\0b"})
+        with pytest.raises(ToolArgumentError, match="larger than 64 KiB"):
+            tool.validate_arguments({"x": "y" * 70_000})
+        deep: dict[str, Any] = {}
+        for _ in range(30):
+            deep = {"d": deep}
+        with pytest.raises(ToolArgumentError, match="deeper than"):
+            tool.validate_arguments(deep)

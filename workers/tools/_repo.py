@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
-from typing import Annotated
+import stat
+from typing import IO, Annotated
 
 from pydantic import Field
 
@@ -15,6 +17,8 @@ __all__ = ["TOOLS", "resolve_inside"]
 MAX_ENTRIES = 500
 MAX_LINE_CHARS = 1000
 OUTPUT_CHARS = 32_000
+#: Past this much of a file (and the window), lines are no longer counted.
+MAX_READ_BYTES = 8 * 1024 * 1024
 
 
 def resolve_inside(root: str, path: str) -> str | None:
@@ -39,27 +43,55 @@ def _list_dir(real: str, shown_as: str) -> ToolResult:
     )
 
 
+def _open_regular(real: str, shown_as: str) -> IO[bytes] | ToolResult:
+    """The file opened for reading if it is a regular file; an error result otherwise.
+
+    Opened without blocking and checked on the open descriptor, so a FIFO or a device (or a path
+    swapped for one after the check) can never hang the call.
+    """
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return error(f"refused: {shown_as} is a symbolic link")
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return error(f"refused: {shown_as} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
 def _read_file(real: str, shown_as: str, start_line: int, max_lines: int) -> ToolResult:
-    with open(real, "rb") as handle:
+    opened = _open_regular(real, shown_as)
+    if isinstance(opened, ToolResult):
+        return opened
+    window: list[str] = []
+    total, read, complete = 0, 0, True
+    with opened as handle:
         if b"\0" in handle.read(8192):
-            return error(f"{shown_as} is a binary file ({os.path.getsize(real)} bytes)")
-    with open(real, encoding="utf-8", errors="replace") as handle:
-        lines = handle.read().splitlines()
-    end = min(len(lines), start_line - 1 + max_lines)
-    numbered = [
-        f"{n:>6}  {cap_text(lines[n - 1], MAX_LINE_CHARS, 'line')}"
-        for n in range(start_line, end + 1)
-    ]
-    header = f"{shown_as}: lines {start_line}-{end} of {len(lines)}"
-    if end < len(lines):
+            return error(f"{shown_as} is a binary file ({os.fstat(handle.fileno()).st_size} bytes)")
+        handle.seek(0)
+        for raw in handle:  # streamed: only the window is kept
+            total += 1
+            read += len(raw)
+            if start_line <= total < start_line + max_lines:
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                window.append(f"{total:>6}  {cap_text(line, MAX_LINE_CHARS, 'line')}")
+            if read > MAX_READ_BYTES and total >= start_line + max_lines:
+                complete = False
+                break
+    end = start_line + len(window) - 1
+    of = f"{total}" if complete else f"more than {total}"
+    header = f"{shown_as}: lines {start_line}-{end} of {of}"
+    if end < total or not complete:
         header += f" (continue with start_line={end + 1})"
     return ToolResult(
-        content=cap_text("\n".join([header, *numbered]), OUTPUT_CHARS),
+        content=cap_text("\n".join([header, *window]), OUTPUT_CHARS),
         data={
             "path": shown_as,
             "start_line": start_line,
             "end_line": end,
-            "total_lines": len(lines),
+            "total_lines": total if complete else None,
         },
     )
 
@@ -67,7 +99,11 @@ def _read_file(real: str, shown_as: str, start_line: int, max_lines: int) -> Too
 @function_tool(ToolClass.READ, name="read_repo")
 def read_repo(
     path: Annotated[
-        str, Field(description="Path relative to the repository root; '.' lists the root.")
+        str,
+        Field(
+            description="Path relative to the repository root; '.' lists the root.",
+            max_length=4096,
+        ),
     ],
     context: ToolContext,
     start_line: Annotated[int, Field(ge=1, description="First line to show (1-based).")] = 1,

@@ -1,122 +1,31 @@
-"""Commands on the host: ``bash``/``host_bash`` (read-only diagnostics, no shell),
-``host_restart_service`` (write) and ``host_reboot`` (destructive, off unless allowed)."""
+"""Commands on the host: ``bash``/``host_bash`` (read-only diagnostics, confined, no shell),
+``host_restart_service`` (write) and ``host_reboot`` (destructive, off unless allowed).
+
+The diagnostics run in the worker's :class:`workers.sandbox.Sandbox`, handed in on the tool
+context; without one they do not run at all. The allow-list of :mod:`workers.tools._commands` is
+checked first, so a refusal comes with its reason before anything starts.
+"""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
-import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import IO, Annotated
+from typing import Annotated
 
 from pydantic import Field
 
 from registry.tools import ToolClass, ToolContext, ToolResult, function_tool
-from workers.tools._commands import (
-    DEFAULT_READ_ROOTS,
-    GREP_EXCLUDES,
-    CommandRefused,
-    check_command,
-)
+from workers.sandbox import HOST_MOUNTINFO, SAFE_PATH, Completed, Sandbox, run_argv
+from workers.tools._commands import DEFAULT_READ_ROOTS, GREP_EXCLUDES, check_command
 from workers.tools._common import error, setting, truthy
+from workers.tools._getopt import CommandRefused, Parsed
 
-__all__ = ["TOOLS", "run_argv"]
+__all__ = ["TOOLS"]
 
 COMMAND_TIMEOUT = 20.0
 SERVICE_TIMEOUT = 90.0  # a unit's stop + start can legitimately take a while
-OUTPUT_LIMIT = 16 * 1024
 _UNIT = re.compile(r"^[A-Za-z0-9@._-]+(\.service)?$")
-
-
-@dataclass(frozen=True)
-class Completed:
-    """The outcome of one command: exit code (None on timeout) and capped output."""
-
-    argv: tuple[str, ...]
-    exit_code: int | None
-    stdout: str
-    stderr: str
-
-    def render(self) -> str:
-        status = "timed out" if self.exit_code is None else f"exit code: {self.exit_code}"
-        parts = [f"$ {shlex.join(self.argv)}", status, "--- stdout ---", self.stdout or "(empty)"]
-        if self.stderr:
-            parts += ["--- stderr ---", self.stderr]
-        return "\n".join(parts)
-
-
-class _Capture(threading.Thread):
-    """Drains one pipe, keeping the first ``limit`` bytes: a child must never block on a full pipe,
-    and a huge output must not fill the worker's memory."""
-
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
-        super().__init__(daemon=True)
-        self.stream, self.limit = stream, limit
-        self.kept, self.total = bytearray(), 0
-
-    def run(self) -> None:
-        while chunk := self.stream.read(65536):
-            room = self.limit - len(self.kept)
-            if room > 0:
-                self.kept += chunk[:room]
-            self.total += len(chunk)
-
-    def text(self) -> str:
-        out = self.kept.decode("utf-8", "replace")
-        if self.total > self.limit:
-            dropped = self.total - self.limit
-            out += f"\n[output truncated at {self.limit // 1024} KiB: {dropped} more bytes]"
-        return out
-
-
-def _child_env() -> dict[str, str]:
-    # A clean environment: the worker's own variables (API keys) are not the command's business.
-    return {
-        "PATH": os.environ.get("PATH") or os.defpath,
-        "LC_ALL": "C.UTF-8",
-        "SYSTEMD_PAGER": "",
-        "SYSTEMD_COLORS": "0",
-        "PAGER": "cat",
-    }
-
-
-def run_argv(argv: Sequence[str], timeout: float = COMMAND_TIMEOUT) -> Completed:
-    """Run ``argv`` without a shell, stdin closed, output capped; kill it at ``timeout``."""
-    # A session of its own, so a timeout kills the whole process group, grandchildren included.
-    with subprocess.Popen(
-        list(argv),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_child_env(),
-        cwd="/",
-        start_new_session=True,
-    ) as proc:
-        assert proc.stdout is not None and proc.stderr is not None
-        out, err = _Capture(proc.stdout, OUTPUT_LIMIT), _Capture(proc.stderr, OUTPUT_LIMIT // 4)
-        out.start()
-        err.start()
-        code = _wait(proc, timeout)
-        out.join()
-        err.join()
-    return Completed(tuple(argv), code, out.text(), err.text())
-
-
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
-    """The exit code, or ``None`` after killing the process group at ``timeout``."""
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return None
 
 
 def _read_roots(context: ToolContext) -> list[str]:
@@ -126,19 +35,29 @@ def _read_roots(context: ToolContext) -> list[str]:
 
 def _prepare(command: str, context: ToolContext) -> tuple[list[str], list[str]]:
     """Split and check the command; return it as given and as it will run."""
+    if "\0" in command:
+        raise CommandRefused("the command contains a NUL character")
     try:
         argv = shlex.split(command)
     except ValueError as exc:
         raise CommandRefused(f"cannot parse the command: {exc}") from None
     if argv and "/" in argv[0]:
         raise CommandRefused("give the command by name (df, not /bin/df)")
-    check_command(argv, _read_roots(context))
-    executable = shutil.which(argv[0], path=_child_env()["PATH"])
+    parsed = check_command(argv, _read_roots(context))
+    executable = shutil.which(argv[0], path=SAFE_PATH)
     if executable is None:
         raise CommandRefused(f"{argv[0]} is allowed but not installed on this host")
-    if argv[0] == "grep":  # keep a recursive search away from credential files too
-        return argv, [executable, *GREP_EXCLUDES, *argv[1:]]
-    return argv, [executable, *argv[1:]]
+    return argv, [executable, *_injected(argv[0], parsed), *argv[1:]]
+
+
+def _injected(name: str, parsed: Parsed) -> list[str]:
+    """Arguments put before the model's own."""
+    if name == "grep":  # keep a recursive search away from credential files too
+        return list(GREP_EXCLUDES)
+    if name == "findmnt" and not parsed.given("-s", "--fstab", "-m", "--mtab", "-F", "--tab-file"):
+        # The sandbox's own mounts are all read-only binds: show the host's table instead.
+        return ["--tab-file", HOST_MOUNTINFO]
+    return []
 
 
 def _run_diagnostic(
@@ -146,20 +65,24 @@ def _run_diagnostic(
         str,
         Field(
             description="One command line, e.g. 'df -h' or "
-            "'journalctl -u nginx --since -1h -n 200'."
+            "'journalctl -u nginx --since -1h -n 200'.",
+            max_length=16384,
         ),
     ],
     context: ToolContext,
 ) -> ToolResult:
     """Run ONE read-only diagnostic command on this host and return its exit code, stdout and
-    stderr. There is no shell: no pipes, redirections, `;`, `&&`, `$VAR` or backticks (the
-    characters ; | & $ ` < > are refused, also inside quotes - write regexes without `$`).
-    Allowed: df, du, ls, cat, head, tail, uptime, free, ps, uname, mount, findmnt, lsblk, stat, wc,
-    dmesg, journalctl, systemctl (status, is-active, list-units), ss, ip (addr/route/link show),
-    iostat, vmstat, lsof, hostname, id, date, grep. cat/head/tail/grep read only under /proc,
-    /sys, /var/log, /etc and the repository root; credential files are refused. grep needs an
-    explicit file or directory. Options that change the host (dmesg -c, journalctl --vacuum-*,
-    date -s, ss -K...) and never-ending ones (tail -f, journalctl -f) are refused. Runs for at
+    stderr. It runs in a sandbox as an unprivileged user that sees the host's filesystem
+    read-only and none of its processes. There is no shell: no pipes, redirections, `;`, `&&`,
+    `$VAR` or backticks (the characters ; | & $ ` < > are refused, also inside quotes - write
+    regexes without `$`). Allowed: df, du, ls, stat, wc, cat, head, tail, grep, findmnt, lsblk,
+    uptime, free, uname, vmstat, iostat, dmesg, journalctl, systemctl (status, show -p ...,
+    is-active, list-units, ...), ss, ip (addr/route/link show), hostname, id, date. Each takes
+    only its documented options, written in full (--human-readable, not --hum); options that
+    change the host or never finish (tail -f, journalctl -f, vmstat 1 without a count) are
+    refused. cat/head/tail/grep and options that read a file read only under /proc, /sys,
+    /var/log, /etc and the repository root; credential files are refused. grep needs an
+    explicit file or directory. For processes use host_probe (section "processes"). Runs for at
     most 20 s; stdout is cut at 16 KiB, so ask for what you need (tail -n 200, grep -m 50).
     A non-zero exit code is reported as-is (grep exits 1 when nothing matches).
     """
@@ -167,7 +90,11 @@ def _run_diagnostic(
         argv, runnable = _prepare(command, context)
     except CommandRefused as exc:
         return error(f"refused: {exc}")
-    done = run_argv(runnable)
+    sandbox: Sandbox | None = context.sandbox
+    why = "no sandbox was given to this tool" if sandbox is None else sandbox.unavailable()
+    if sandbox is None or why is not None:
+        return error(f"bash is unavailable on this worker: {why}. Nothing was run.")
+    done = sandbox.run(runnable, COMMAND_TIMEOUT)
     shown = Completed(tuple(argv), done.exit_code, done.stdout, done.stderr)
     data = {"exit_code": done.exit_code, "stdout": done.stdout, "stderr": done.stderr}
     if done.exit_code is None:
@@ -196,14 +123,16 @@ def host_restart_service(
     shows a restart is the fix. The unit name may contain letters, digits and @ . _ - only."""
     if not _UNIT.match(unit) or unit.startswith("-"):
         return error(f"refused: {unit!r} is not a valid systemd unit name")
-    systemctl = shutil.which("systemctl", path=_child_env()["PATH"])
+    systemctl = shutil.which("systemctl", path=SAFE_PATH)
     if systemctl is None:
         return error(
             "systemctl is not on PATH on this host: it does not run systemd, "
             "so host_restart_service cannot work here"
         )
     done = run_argv([systemctl, "restart", "--", unit], timeout=SERVICE_TIMEOUT)
-    status = run_argv([systemctl, "status", "--no-pager", "--lines=20", "--", unit])
+    status = run_argv(
+        [systemctl, "status", "--no-pager", "--lines=20", "--", unit], timeout=COMMAND_TIMEOUT
+    )
     text = f"{done.render()}\n\n{status.render()}"
     return ToolResult(
         content=text,
@@ -225,7 +154,7 @@ def host_reboot(
             "host_reboot is disabled on this host: the operator has not set "
             "allow_reboot (ONGRID_ALLOW_REBOOT=true). Nothing was done."
         )
-    systemctl = shutil.which("systemctl", path=_child_env()["PATH"])
+    systemctl = shutil.which("systemctl", path=SAFE_PATH)
     if systemctl is None:
         return error("systemctl is not on PATH on this host; cannot reboot it from here")
     done = run_argv([systemctl, "reboot"], timeout=SERVICE_TIMEOUT)
