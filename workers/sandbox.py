@@ -207,6 +207,8 @@ class Sandbox:
     def _probe(self) -> str | None:
         if self._bwrap is None:
             return "bubblewrap is not installed on this host (Debian: apt-get install bubblewrap)"
+        if self._prlimit is None:
+            return "prlimit (util-linux) is not installed: cannot forbid writing files"
         try:
             switch = self._switch_user()
         except LookupError as exc:
@@ -257,12 +259,12 @@ class Sandbox:
         return self._run(argv, timeout, self._switch_user())
 
     def _run(self, argv: Sequence[str], timeout: float, switch: list[str]) -> Completed:
-        assert self._bwrap is not None
+        assert self._bwrap is not None and self._prlimit is not None
         mountinfo = os.memfd_create("host-mountinfo")
         try:
             os.write(mountinfo, _host_mountinfo())
             os.lseek(mountinfo, 0, os.SEEK_SET)
-            limits = [self._prlimit, "--fsize=0", "--core=0", "--"] if self._prlimit else []
+            limits = [self._prlimit, "--fsize=0", "--core=0", "--"]
             namespaces = self._namespaces(as_root=bool(switch))
             sandbox = [self._bwrap, *namespaces, *self._arguments(mountinfo)]
             done = run_argv(
