@@ -153,6 +153,11 @@ class _Checker:
     def at(self, i: int) -> Token | None:
         return self.t[i] if 0 <= i < len(self.t) else None
 
+    def word_at(self, i: int) -> str:
+        """The keyword at ``i`` in upper case; "" for anything else or nothing."""
+        token = self.at(i)
+        return token.upper if token is not None else ""
+
     def is_punct(self, i: int, text: str) -> bool:
         token = self.at(i)
         return token is not None and token.kind == "punct" and token.text == text
@@ -179,7 +184,7 @@ class _Checker:
             if word == "FROM" and enclosing not in _SYNTAX_CALLS:
                 from_depth = depth
                 self._table(i + 1)
-            elif word == "JOIN" and (self.at(i - 1) is None or self.at(i - 1).upper != "ARRAY"):
+            elif word == "JOIN" and self.word_at(i - 1) != "ARRAY":
                 self._table(i + 1)
             elif word in _CLAUSE_ENDS and from_depth == depth:
                 from_depth = None
@@ -194,7 +199,8 @@ class _Checker:
 
     def _in_argument(self, i: int) -> None:
         """An argument of IN (…) or in(x, …): ``db.table`` there names a table."""
-        if not self.at(i) or not self.at(i).is_identifier:
+        token = self.at(i)
+        if token is None or not token.is_identifier:
             return
         parts, j = self._compound(i)
         if len(parts) == 2 and not self.is_punct(j, "("):
