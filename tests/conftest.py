@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # servers.py
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A fresh directory the command sandbox's unprivileged user may traverse (pytest's own
+    ``tmp_path`` lies under a directory only its owner may enter), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="ongrid-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -41,11 +41,11 @@ def _everything_in(client: redis.Redis) -> bytes:
     return b"\n".join(out)
 
 
-def test_the_canary_never_leaves_the_worker(cluster: Cluster, tmp_path: Path):
+def test_the_canary_never_leaves_the_worker(cluster: Cluster, open_dir: Path):
     canary = f"sk-canary-{uuid.uuid4().hex}"
     token = f"canary-token-{uuid.uuid4().hex}"
-    repo = cluster.root / "repo"
-    repo.mkdir()
+    repo = open_dir / "repo"
+    repo.mkdir(mode=0o755)
     config = repo / "ongrid.yaml"
     config.write_text(
         f"auth:\n  tokens:\n    {token}: {{user: alice, role: admin}}\n"
@@ -53,9 +53,7 @@ def test_the_canary_never_leaves_the_worker(cluster: Cluster, tmp_path: Path):
     )
     (repo / "runbook.md").write_text("restart nginx when it is stuck\n")
     for path in (config, repo / "runbook.md"):
-        path.chmod(0o644)
-    for path in (repo, cluster.root, *cluster.root.parents[:-2]):
-        path.chmod(0o755)  # readable to the sandbox user: only the sandbox may hide them
+        path.chmod(0o644)  # readable to the sandbox user: only the sandbox may hide them
     cluster.persona("prober", tools=["bash"], max_turns=60)
     worker = cluster.start_worker(
         env={
@@ -75,7 +73,7 @@ def test_the_canary_never_leaves_the_worker(cluster: Cluster, tmp_path: Path):
         f"grep -r {canary[:14]} {repo}",
         f"grep -r canary {repo} /etc",
         f"head -c 4096 {config}",
-        f"ls -la {repo} {cluster.root}",
+        f"ls -la {repo} {cluster.root}",  # the worker's working directory: hidden
         f"ls -la /proc/{pid}",
         "systemctl --message status --root=/tmp enable foo",
         "date --s=2020-01-01",
@@ -95,6 +93,8 @@ def test_the_canary_never_leaves_the_worker(cluster: Cluster, tmp_path: Path):
     results = [m.content for m in done.state.messages if m.role == "tool"]
     assert len(results) == len(commands)
     assert "restart nginx when it is stuck" in results[-2]  # the repository is readable
+    listing = results[commands.index(f"ls -la {repo} {cluster.root}")]
+    assert "runbook.md" in listing and "agents" not in listing  # the working directory is not
     assert "uid=65534" in results[-1] or "nobody" in results[-1]
     written = _everything_in(cluster.redis) + worker.log().encode()
     written += repr(cluster.fake.requests()).encode()

@@ -30,21 +30,6 @@ def run(box: Sandbox, *argv: str, timeout: float = 20):
     return box.run([executable, *argv[1:]], timeout)
 
 
-def readable_dir(tmp_path: Path) -> Path:
-    """``tmp_path`` opened up so that the sandbox user may traverse it."""
-    for part in [tmp_path, *tmp_path.parents]:
-        if part == Path(tempfile_root()):
-            break
-        part.chmod(0o755)
-    return tmp_path
-
-
-def tempfile_root() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
-
-
 def test_commands_run_as_an_unprivileged_user_who_sees_no_other_process(sandbox: Sandbox) -> None:
     done = run(sandbox, "id", "-u")
     assert done.exit_code == 0
@@ -77,9 +62,9 @@ def test_neither_the_worker_environment_nor_pid_1_leaks(
 
 
 def test_the_filesystem_is_read_only_and_nothing_can_be_written(
-    sandbox: Sandbox, tmp_path: Path
+    sandbox: Sandbox, open_dir: Path
 ) -> None:
-    target = readable_dir(tmp_path) / "x"
+    target = open_dir / "x"
     for argv in (["touch", "/tmp/x"], ["touch", "/var/tmp/x"], ["touch", str(target)]):
         done = run(sandbox, *argv)
         assert done.exit_code != 0, argv
@@ -89,8 +74,8 @@ def test_the_filesystem_is_read_only_and_nothing_can_be_written(
     assert done.exit_code != 0
 
 
-def test_hidden_paths_are_empty_and_shown_paths_readable(tmp_path: Path) -> None:
-    root = readable_dir(tmp_path)
+def test_hidden_paths_are_empty_and_shown_paths_readable(open_dir: Path) -> None:
+    root = open_dir
     work = root / "work"
     (work / "repo").mkdir(parents=True)
     (work / "config.yaml").write_text("token: secret-in-config\n")
@@ -108,8 +93,8 @@ def test_hidden_paths_are_empty_and_shown_paths_readable(tmp_path: Path) -> None
     assert hidden.exit_code != 0 and "secret" not in hidden.stdout
 
 
-def test_the_worker_own_files_are_hidden(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    root = readable_dir(tmp_path)
+def test_the_worker_own_files_are_hidden(open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = open_dir
     config = root / "ongrid.yaml"
     config.write_text("auth: {tokens: {'secret-token-000000': {user: a, role: admin}}}\n")
     config.chmod(0o644)

@@ -84,14 +84,13 @@ def test_without_a_sandbox_nothing_runs(tmp_path: Path) -> None:
 
 
 def test_bash_reads_inside_roots_and_truncates_long_output(
-    sandbox: Sandbox, tmp_path: Path
+    sandbox: Sandbox, open_dir: Path
 ) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
+    repo = open_dir / "repo"
+    repo.mkdir(mode=0o755)
     big = repo / "big.log"
     big.write_text("x" * 40_000 + "\n")
-    for part in (big, repo, tmp_path, *tmp_path.parents[:-2]):
-        part.chmod(0o755)
+    big.chmod(0o644)
     box = Sandbox(show=[repo])
     result = call("bash", box, SimpleNamespace(repo_root=str(repo)), command=f"cat {big}")
     assert not result.is_error, result.content
@@ -146,23 +145,21 @@ def test_reboot_is_disabled_unless_allowed() -> None:
 
 
 @pytest.fixture
-def planted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
+def planted(open_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SimpleNamespace]:
     """A worker's view with a canary: in this process's environment, in a config file inside the
     repository root (readable by the allow-list, hidden by the sandbox), and in the data dir."""
     canary = f"sk-canary-{uuid.uuid4().hex}"
     monkeypatch.setenv("OPENAI_API_KEY", canary)
-    repo = tmp_path / "repo"
-    data = tmp_path / "data"
+    repo = open_dir / "repo"
+    data = open_dir / "data"
     for path in (repo, data):
         path.mkdir()
     config = repo / "ongrid.yaml"
     config.write_text(f"auth:\n  tokens:\n    {canary}: {{user: alice, role: admin}}\n")
     (data / "ongrid.db").write_text(canary)
     (repo / "README.md").write_text("an ops repository\n")
-    for path in (config, data / "ongrid.db", repo / "README.md", repo, data, tmp_path):
+    for path in (config, data / "ongrid.db", repo / "README.md", repo, data):
         path.chmod(0o755 if path.is_dir() else 0o644)
-    for parent in tmp_path.parents[:-2]:
-        parent.chmod(0o755)
     settings = SimpleNamespace(repo_root=str(repo), data_dir=data, sandbox_hide=[])
     box = Sandbox.for_worker(settings, {"ONGRID_CONFIG": str(config)})
     yield SimpleNamespace(canary=canary, config=config, data=data, repo=repo, box=box,
