@@ -556,3 +556,19 @@ def test_tool_arguments_are_bounded_for_every_tool() -> None:
             deep = {"d": deep}
         with pytest.raises(ToolArgumentError, match="deeper than"):
             tool.validate_arguments(deep)
+
+
+def test_read_repo_holds_no_more_than_a_window_of_one_enormous_line(
+    repo: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.tools import _repo
+
+    monkeypatch.setattr(_repo, "MAX_LINE_BYTES", 100)
+    huge = Path(repo.repo_root) / "one-line.json"
+    huge.write_text("x" * 10_000 + "\nsecond\n")
+    result = call("read_repo", repo, path="one-line.json")
+    assert not result.is_error
+    header, first, second = result.content.splitlines()
+    assert header == "one-line.json: lines 1-2 of 2"
+    assert first.split()[1] == "x" * 100  # only the kept part of the line
+    assert second.split() == ["2", "second"]

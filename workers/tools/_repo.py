@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from typing import IO, Annotated
 
 from pydantic import Field
@@ -19,6 +20,8 @@ MAX_LINE_CHARS = 1000
 OUTPUT_CHARS = 32_000
 #: Past this much of a file (and the window), lines are no longer counted.
 MAX_READ_BYTES = 8 * 1024 * 1024
+#: The most of one line ever held in memory.
+MAX_LINE_BYTES = 64 * 1024
 
 
 def resolve_inside(root: str, path: str) -> str | None:
@@ -61,23 +64,32 @@ def _open_regular(real: str, shown_as: str) -> IO[bytes] | ToolResult:
     return os.fdopen(fd, "rb")
 
 
+def _lines(handle: IO[bytes]) -> Iterator[bytes]:
+    """Each line's first :data:`MAX_LINE_BYTES`; the rest of a longer line is read past, never
+    held, so one enormous line cannot fill the worker's memory either."""
+    while line := handle.readline(MAX_LINE_BYTES):
+        rest = line
+        while not rest.endswith(b"\n") and (rest := handle.readline(MAX_LINE_BYTES)):
+            pass
+        yield line
+
+
 def _read_file(real: str, shown_as: str, start_line: int, max_lines: int) -> ToolResult:
     opened = _open_regular(real, shown_as)
     if isinstance(opened, ToolResult):
         return opened
     window: list[str] = []
-    total, read, complete = 0, 0, True
+    total, complete = 0, True
     with opened as handle:
         if b"\0" in handle.read(8192):
             return error(f"{shown_as} is a binary file ({os.fstat(handle.fileno()).st_size} bytes)")
         handle.seek(0)
-        for raw in handle:  # streamed: only the window is kept
+        for raw in _lines(handle):  # streamed: only the window is kept
             total += 1
-            read += len(raw)
             if start_line <= total < start_line + max_lines:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
                 window.append(f"{total:>6}  {cap_text(line, MAX_LINE_CHARS, 'line')}")
-            if read > MAX_READ_BYTES and total >= start_line + max_lines:
+            if handle.tell() > MAX_READ_BYTES and total >= start_line + max_lines:
                 complete = False
                 break
     end = start_line + len(window) - 1
