@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from registry.errors import TemplateError
@@ -23,6 +23,7 @@ __all__ = [
     "check_depth",
     "check_template",
     "render_template",
+    "walk_json",
 ]
 
 #: How deep a spawn context may nest (``{"a": {"b": 1}}`` is 2) and how large it may be as JSON.
@@ -96,16 +97,27 @@ def render_template(template: str, context: Mapping[str, Any] | None) -> str:
     return "".join(out)
 
 
+def walk_json(value: Any) -> Iterator[tuple[Any, int]]:
+    """Every node of JSON-like data (dict keys included) with its depth, the root at 1.
+
+    Iterative: a hostile depth must not exhaust the recursion limit.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        yield item, depth
+        if isinstance(item, dict):
+            stack.extend((key, depth + 1) for key in item)
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+
+
 def check_depth(value: Any, limit: int, what: str = "value") -> Any:
     """Refuse (``ValueError``) JSON-like data whose dicts and lists nest deeper than ``limit``."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:  # iterative: a hostile depth must not exhaust the recursion limit
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            if depth > limit:
-                raise ValueError(f"{what} nests deeper than {limit} levels")
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
+    for item, depth in walk_json(value):
+        if depth > limit and isinstance(item, dict | list):
+            raise ValueError(f"{what} nests deeper than {limit} levels")
     return value
 
 

@@ -18,7 +18,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from registry.errors import NotFoundError, ToolArgumentError
-from registry.template import check_depth
+from registry.template import walk_json
 
 __all__ = [
     "AGENT_TOOL_NAME",
@@ -138,22 +138,14 @@ class BaseTool(ABC):
 
 
 def _argument_problem(arguments: dict[str, Any]) -> str:
-    try:
-        check_depth(arguments, MAX_ARGUMENTS_DEPTH, "the arguments")
-    except ValueError as exc:
-        return str(exc)
-    if len(json.dumps(arguments, default=str)) > MAX_ARGUMENTS_BYTES:
-        return f"the arguments are larger than {MAX_ARGUMENTS_BYTES // 1024} KiB"
-    stack: list[Any] = [arguments]
-    while stack:
-        item = stack.pop()
+    # Depth first: serialising a hostile depth would itself exhaust the recursion limit.
+    for item, depth in walk_json(arguments):
+        if depth > MAX_ARGUMENTS_DEPTH and isinstance(item, dict | list):
+            return f"the arguments nest deeper than {MAX_ARGUMENTS_DEPTH} levels"
         if isinstance(item, str) and "\0" in item:
             return "a string contains a NUL character"
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+    if len(json.dumps(arguments, default=str)) > MAX_ARGUMENTS_BYTES:
+        return f"the arguments are larger than {MAX_ARGUMENTS_BYTES // 1024} KiB"
     return ""
 
 

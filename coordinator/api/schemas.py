@@ -87,6 +87,10 @@ def _bounded(value: Any) -> Any:
 #: How deep any other JSON object of a request may nest.
 MAX_JSON_DEPTH = 16
 JsonObject = Annotated[dict[str, Any], AfterValidator(_bounded), AfterValidator(_check_tree)]
+_CONTEXT_DESCRIPTION = (
+    "Values for the persona's `initial_prompt` template "
+    f"(at most {MAX_CONTEXT_DEPTH} levels deep, {MAX_CONTEXT_BYTES} bytes as JSON)."
+)
 #: A spawn context: bounded in depth and size before anything walks it recursively.
 ContextObject = Annotated[
     dict[str, Any], AfterValidator(check_context), AfterValidator(_check_tree)
@@ -149,11 +153,7 @@ class ChatIn(_Request):
         default=None,
         description="Spawn this persona directly instead of letting the coordinator pick one.",
     )
-    context: ContextObject = Field(
-        default_factory=dict,
-        description="Values for the persona's `initial_prompt` template "
-        f"(at most {MAX_CONTEXT_DEPTH} levels deep, {MAX_CONTEXT_BYTES} bytes as JSON).",
-    )
+    context: ContextObject = Field(default_factory=dict, description=_CONTEXT_DESCRIPTION)
 
 
 class MessageIn(_Request):
@@ -161,11 +161,7 @@ class MessageIn(_Request):
 
     content: Text = Field(min_length=1, description="The user's message.")
     agent: AgentName | None = Field(default=None, description="Spawn this persona directly.")
-    context: ContextObject = Field(
-        default_factory=dict,
-        description="Values for the persona's `initial_prompt` template "
-        f"(at most {MAX_CONTEXT_DEPTH} levels deep, {MAX_CONTEXT_BYTES} bytes as JSON).",
-    )
+    context: ContextObject = Field(default_factory=dict, description=_CONTEXT_DESCRIPTION)
 
 
 class SessionOut(BaseModel):
