@@ -118,10 +118,9 @@ def validate(paths: tuple[Path, ...], recursive: bool, as_json: bool) -> None:
 def _runtime_registry(settings: Settings) -> Any:
     """The registry as workers and the API see it: user personas from the database included
     (migrated on first contact; while it cannot be read, a warning says so)."""
-    from coordinator.api.deps import Database, GuardedUserStore
-    from coordinator.db import database_url, make_engine
+    from coordinator.storage.engine import Database, database_url, make_engine
+    from coordinator.storage.personas import GuardedUserStore, SqlUserStore
     from registry.defaults import build_registry
-    from registry.sql_store import SqlUserStore
 
     engine = make_engine(database_url(settings))
     return build_registry(settings, GuardedUserStore(SqlUserStore(engine), Database(engine)))
@@ -282,9 +281,9 @@ def _worker_argv(queues: str, concurrency: int, name: str, loglevel: str) -> lis
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker(queues: str, concurrency: int, name: str, loglevel: str) -> None:
     """Run a Celery worker (threads pool) that executes spawns and coordinator turns."""
-    from coordinator.db import database_url, make_engine, upgrade
+    from coordinator.storage.engine import database_url, make_engine, upgrade
+    from coordinator.storage.personas import SqlUserStore
     from coordinator.turns import install
-    from registry.sql_store import SqlUserStore
     from workers.app import app
     from workers.hardening import harden_process
     from workers.runtime import worker_runtime

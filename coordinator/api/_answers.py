@@ -13,7 +13,7 @@ from contextlib import suppress
 
 from redis.exceptions import LockError
 
-from coordinator.db import ChatMessage, ChatStore
+from coordinator.storage.chats import ChatMessage, ChatStore
 from workers.spawns import SpawnRecord, SpawnStore
 
 __all__ = ["in_turn_order", "settle", "settle_all"]

@@ -17,12 +17,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from coordinator.api import agents, chat, health, skills, spawns
-from coordinator.api.deps import Database, GuardedUserStore, Services
+from coordinator.api.deps import Services
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
-from coordinator.db import ChatStore, DatabaseUnavailable, database_url, make_engine
+from coordinator.storage.chats import ChatStore
+from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
+from coordinator.storage.personas import GuardedUserStore, SqlUserStore
 from registry.defaults import build_registry
 from registry.settings import Settings
-from registry.sql_store import SqlUserStore
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
 from workers.hardening import harden_process

@@ -31,7 +31,7 @@ from coordinator.api.schemas import (
     SessionOut,
 )
 from coordinator.auth import Principal
-from coordinator.db import ChatSession
+from coordinator.storage.chats import ChatSession
 from coordinator.turns import start_turn
 from registry.errors import NotFoundError
 from workers.messages import Event

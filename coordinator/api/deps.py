@@ -1,4 +1,4 @@
-"""What the endpoints are handed: the app's services, the caller, and the database checks.
+"""What the endpoints are handed: the app's services and the caller.
 
 :class:`Services` is built once by :func:`coordinator.api.app.create_app` and hangs on
 ``app.state``; FastAPI dependencies below give endpoints the pieces they need. The database may
@@ -9,24 +9,20 @@ schema is migrated on first contact.
 
 from __future__ import annotations
 
-import builtins
-import threading
 from dataclasses import dataclass
 from typing import Annotated
 
 import redis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.auth import Principal, authenticate, require
-from coordinator.db import ChatSession, ChatStore, DatabaseUnavailable, check, upgrade
+from coordinator.storage.chats import ChatSession, ChatStore
+from coordinator.storage.engine import Database
+from coordinator.storage.personas import GuardedUserStore
 from registry.agent_registry import AgentRegistry, Snapshot
 from registry.errors import NotFoundError
-from registry.persona import Persona
 from registry.settings import Settings
-from registry.sql_store import SqlUserStore, StoredPersona
 from registry.tools import ToolCatalog
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
@@ -34,9 +30,7 @@ from workers.reload import RegistryFollower
 
 __all__ = [
     "Caller",
-    "Database",
     "Editor",
-    "GuardedUserStore",
     "Services",
     "Svc",
     "caller",
@@ -44,75 +38,6 @@ __all__ = [
     "services",
     "snapshot",
 ]
-
-
-class Database:
-    """The engine plus "is the schema there": migrated once, on first contact."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self._migrated = False
-        self._lock = threading.Lock()
-
-    def ensure(self) -> None:
-        """Reachable and migrated, or :class:`DatabaseUnavailable` naming the URL and why."""
-        if self._migrated:
-            return
-        with self._lock:
-            if self._migrated:
-                return
-            check(self.engine)
-            try:
-                upgrade(self.engine)
-            except SQLAlchemyError as exc:
-                reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
-                raise DatabaseUnavailable(f"database migration failed: {reason}") from exc
-            self._migrated = True
-
-    def ready(self) -> None:
-        """For ``/readyz``: a live ``SELECT 1`` every time, then the migration if still due."""
-        check(self.engine)
-        self.ensure()
-
-
-class GuardedUserStore:
-    """A :class:`SqlUserStore` that outlives a database outage.
-
-    While the database cannot be read, :meth:`list` returns the personas it read last and
-    :meth:`problems` says so (it shows in ``GET /api/v1/agents/warnings``); writes fail with
-    :class:`DatabaseUnavailable` (HTTP 503).
-    """
-
-    def __init__(self, store: SqlUserStore, database: Database) -> None:
-        self._store, self._db = store, database
-        self._last: builtins.list[Persona] = []
-        self._outage: str | None = None
-
-    def list(self) -> builtins.list[Persona]:
-        try:
-            self._db.ensure()
-            personas = self._store.list()
-        except (DatabaseUnavailable, SQLAlchemyError) as exc:
-            self._outage = f"user personas could not be read ({exc}); showing the last ones read"
-            return list(self._last)
-        self._last, self._outage = personas, None
-        return personas
-
-    def problems(self) -> builtins.list[tuple[str, str]]:
-        outage = [("*", self._outage)] if self._outage else []
-        return self._store.problems() + outage
-
-    def get(self, name: str) -> StoredPersona | None:
-        self._db.ensure()
-        return self._store.get(name)
-
-    def upsert(self, persona: Persona, user: str = "") -> None:
-        self._db.ensure()
-        self._store.upsert(persona, user)
-
-    def delete(self, name: str) -> bool:
-        self._db.ensure()
-        return self._store.delete(name)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.auth import Forbidden, Unauthorized
-from coordinator.db import DatabaseUnavailable
+from coordinator.storage.engine import DatabaseUnavailable
 from registry.errors import FieldProblem, NotFoundError, PersonaError, ReadOnlyError, UserError
 
 __all__ = [

@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.deps import Services, Svc
 from coordinator.api.schemas import HealthOut, ReadyOut
-from coordinator.db import DatabaseUnavailable
+from coordinator.storage.engine import DatabaseUnavailable
 
 __all__ = ["router"]
 

@@ -13,9 +13,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from coordinator.storage.personas import MAX_NAME_LENGTH
 from registry.persona import DEFAULT_MAX_TURNS, NAME_PATTERN, PermissionMode, Source
 from registry.policy import Confirmation
-from registry.sql_store import MAX_NAME_LENGTH
 from registry.template import (
     MAX_CONTEXT_BYTES,
     MAX_CONTEXT_DEPTH,

@@ -31,7 +31,7 @@ from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.api import create_app
-from coordinator.db import make_engine, upgrade
+from coordinator.storage.engine import make_engine, upgrade
 from registry.settings import Settings, TokenGrant, token_digest
 from workers.loop import Approval, LoopState
 from workers.messages import Message, ToolCall

@@ -1,4 +1,4 @@
-"""coordinator.db and registry.sql_store against SQLite always and PostgreSQL when it answers.
+"""coordinator.storage against SQLite always and PostgreSQL when it answers.
 
 PostgreSQL: each test gets a fresh database ``ongrid_test_<uuid>`` created through the server in
 ``ONGRID_TEST_POSTGRES_URL`` (default: postgres on 127.0.0.1:5432, database ``test``) and dropped
@@ -23,9 +23,9 @@ from sqlalchemy import Engine, create_engine, func, insert, inspect, select, tex
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from coordinator.db import (
-    TARGET_METADATA,
-    ChatStore,
+from coordinator.storage import TARGET_METADATA
+from coordinator.storage.chats import ChatStore
+from coordinator.storage.engine import (
     DatabaseUnavailable,
     alembic_config,
     check,
@@ -34,12 +34,12 @@ from coordinator.db import (
     make_engine,
     upgrade,
 )
+from coordinator.storage.personas import AgentRow, SqlUserStore
 from registry.defaults import build_registry
 from registry.errors import NotFoundError, PersonaError, UserError
 from registry.parser import dump_persona, load_persona_file, parse_persona
 from registry.persona import Persona, Source
 from registry.settings import Settings
-from registry.sql_store import AgentRow, SqlUserStore
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "personas" / "valid"
 PG_ADMIN_URL = os.environ.get(

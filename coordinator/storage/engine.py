@@ -1,59 +1,42 @@
-"""The coordinator's database: engine set-up, migrations, readiness, and the chat tables.
+"""The coordinator's database: engine set-up, migrations and readiness.
 
 SQLite (the default: ``<data_dir>/ongrid.db``) and PostgreSQL (``ONGRID_DATABASE_URL``) are
-supported. The schema belongs to Alembic (``coordinator/migrations``): :func:`upgrade` brings a
-database to the newest revision and is safe to run from several processes at once.
+supported. The schema belongs to Alembic (``coordinator/storage/migrations``): :func:`upgrade`
+brings a database to the newest revision and is safe to run from several processes at once.
+:class:`Database` migrates on first contact, for processes that start while the database is down.
 """
 
 from __future__ import annotations
 
-import re
 import sqlite3
+import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import (
-    CheckConstraint,
     Connection,
     Engine,
-    ForeignKey,
-    Index,
-    MetaData,
-    String,
-    Text,
     create_engine,
-    delete,
     event,
     func,
     select,
     text,
-    update,
 )
-from sqlalchemy.engine import URL, CursorResult, make_url
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from registry.errors import NotFoundError, OngridError, UserError
+from registry.errors import OngridError
 from registry.settings import Settings
-from registry.sql_store import AGENTS_METADATA, NAMING_CONVENTION, UtcDateTime, utcnow
 
 __all__ = [
-    "CHAT_METADATA",
-    "TARGET_METADATA",
-    "ChatMessage",
-    "ChatSession",
-    "ChatStore",
+    "Database",
     "DatabaseUnavailable",
-    "Role",
     "alembic_config",
     "check",
     "database_url",
@@ -69,9 +52,6 @@ PG_CONNECT_TIMEOUT = 10
 #: Key of the PostgreSQL advisory lock that serialises concurrent :func:`upgrade` calls.
 _MIGRATION_LOCK_KEY = 0x6F6E_6772_6964  # "ongrid"
 
-Role = Literal["user", "assistant", "system"]
-ROLES: tuple[str, ...] = get_args(Role)
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class DatabaseUnavailable(OngridError):
@@ -234,167 +214,30 @@ def locked_connection(engine: Engine) -> Iterator[Connection]:
             conn.exec_driver_sql("PRAGMA foreign_keys = ON")
 
 
-# -- chat sessions -----------------------------------------------------------------------------
-
-
-class _Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: UtcDateTime}
-
-
-class _SessionRow(_Base):
-    __tablename__ = "chat_sessions"
-    __table_args__ = (Index("ix_chat_sessions_owner_updated_at", "owner", "updated_at"),)
-
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    # Not "user": that is a reserved word in PostgreSQL (a bare `user` there is current_user).
-    owner: Mapped[str] = mapped_column(String(255))
-    title: Mapped[str] = mapped_column(Text, server_default="")
-    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
-    updated_at: Mapped[datetime] = mapped_column(server_default=func.now())
-
-
-class _MessageRow(_Base):
-    __tablename__ = "chat_messages"
-    __table_args__ = (
-        CheckConstraint("role IN ('user', 'assistant', 'system')", name="role"),
-        # Never reuse the id of a deleted message: ids are the order and may be referenced.
-        {"sqlite_autoincrement": True},
-    )
-
-    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
-    session_id: Mapped[str] = mapped_column(
-        String(64), ForeignKey("chat_sessions.id", ondelete="CASCADE"), index=True
-    )
-    role: Mapped[str] = mapped_column(String(16))
-    content: Mapped[str] = mapped_column(Text)
-    agent: Mapped[str | None] = mapped_column(String(255))
-    spawn_id: Mapped[str | None] = mapped_column(String(64))
-    created_at: Mapped[datetime] = mapped_column(server_default=func.now())
-
-
-#: The chat tables' metadata, for Alembic.
-CHAT_METADATA = _Base.metadata
-#: Everything the migrations manage.
-TARGET_METADATA: list[MetaData] = [AGENTS_METADATA, CHAT_METADATA]
-
-
-@dataclass(frozen=True)
-class ChatSession:
-    """A conversation, owned by one user."""
-
-    id: str
-    user: str
-    title: str
-    created_at: datetime
-    updated_at: datetime
-
-    def as_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One message of a session. ``agent``/``spawn_id`` link an answer to the spawn behind it."""
-
-    id: int
-    session_id: str
-    role: str
-    content: str
-    agent: str | None
-    spawn_id: str | None
-    created_at: datetime
-
-    def as_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
-
-
-def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in data.items()}
-
-
-def _session(row: _SessionRow) -> ChatSession:
-    return ChatSession(row.id, row.owner, row.title, row.created_at, row.updated_at)
-
-
-def _message(row: _MessageRow) -> ChatMessage:
-    return ChatMessage(
-        row.id, row.session_id, row.role, row.content, row.agent, row.spawn_id, row.created_at
-    )
-
-
-class ChatStore:
-    """Chat sessions and their messages. Sessions are per user: another user's is invisible."""
+class Database:
+    """The engine plus "is the schema there": migrated once, on first contact."""
 
     def __init__(self, engine: Engine) -> None:
-        self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self.engine = engine
+        self._migrated = False
+        self._lock = threading.Lock()
 
-    def create_session(self, user: str, title: str = "", *, session_id: str | None = None) -> str:
-        """Start a session and return its id (a fresh one unless ``session_id`` is given)."""
-        sid = session_id or uuid.uuid4().hex
-        if not _SESSION_ID.match(sid):
-            raise UserError(f"chat session id {sid[:80]!r}: use 1-64 letters, digits, '_' or '-'")
-        now = utcnow()
-        row = _SessionRow(id=sid, owner=user, title=title, created_at=now, updated_at=now)
-        try:
-            with self._sessions.begin() as db:
-                db.add(row)
-        except IntegrityError:
-            raise UserError(f"chat session {sid!r} already exists") from None
-        return sid
+    def ensure(self) -> None:
+        """Reachable and migrated, or :class:`DatabaseUnavailable` naming the URL and why."""
+        if self._migrated:
+            return
+        with self._lock:
+            if self._migrated:
+                return
+            check(self.engine)
+            try:
+                upgrade(self.engine)
+            except SQLAlchemyError as exc:
+                reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
+                raise DatabaseUnavailable(f"database migration failed: {reason}") from exc
+            self._migrated = True
 
-    def get_session(self, session_id: str, user: str) -> ChatSession | None:
-        """The session if it exists and belongs to ``user``; None otherwise (answer 404)."""
-        with self._sessions() as db:
-            row = db.get(_SessionRow, session_id)
-        return _session(row) if row is not None and row.owner == user else None
-
-    def list_sessions(self, user: str, *, limit: int = 100) -> list[ChatSession]:
-        """``user``'s sessions, most recently active first."""
-        query = (
-            select(_SessionRow)
-            .where(_SessionRow.owner == user)
-            .order_by(_SessionRow.updated_at.desc(), _SessionRow.id)
-            .limit(limit)
-        )
-        with self._sessions() as db:
-            return [_session(row) for row in db.scalars(query)]
-
-    def delete_session(self, session_id: str, user: str) -> bool:
-        """Delete ``user``'s session and (by cascade) its messages; False if there was none."""
-        query = delete(_SessionRow).where(_SessionRow.id == session_id, _SessionRow.owner == user)
-        with self._sessions.begin() as db:
-            return cast(CursorResult[Any], db.execute(query)).rowcount > 0
-
-    def add_message(
-        self,
-        session_id: str,
-        role: str,
-        content: str,
-        agent: str | None = None,
-        spawn_id: str | None = None,
-    ) -> ChatMessage:
-        """Append a message and mark the session active. The caller has checked ownership."""
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-        now = utcnow()
-        touch = update(_SessionRow).where(_SessionRow.id == session_id).values(updated_at=now)
-        row = _MessageRow(
-            session_id=session_id,
-            role=role,
-            content=content,
-            agent=agent,
-            spawn_id=spawn_id,
-            created_at=now,
-        )
-        with self._sessions.begin() as db:
-            if cast(CursorResult[Any], db.execute(touch)).rowcount == 0:
-                raise NotFoundError("chat session", session_id)
-            db.add(row)
-        return _message(row)
-
-    def messages(self, session_id: str) -> list[ChatMessage]:
-        """The session's messages in the order they were added."""
-        query = select(_MessageRow).where(_MessageRow.session_id == session_id)
-        with self._sessions() as db:
-            return [_message(row) for row in db.scalars(query.order_by(_MessageRow.id))]
+    def ready(self) -> None:
+        """For ``/readyz``: a live ``SELECT 1`` every time, then the migration if still due."""
+        check(self.engine)
+        self.ensure()

@@ -1,8 +1,9 @@
 """Alembic environment: one schema, the ``agents`` table and the chat tables.
 
-:func:`coordinator.db.upgrade` hands a locked connection in through ``config.attributes``;
-without one (e.g. ``command.revision(..., autogenerate=True)``) an engine is built from the
-config's ``sqlalchemy.url``. SQLite gets batch mode, since it cannot ``ALTER`` most things.
+:func:`coordinator.storage.engine.upgrade` hands a locked connection in through
+``config.attributes``; without one (e.g. ``command.revision(..., autogenerate=True)``) an
+engine is built from the config's ``sqlalchemy.url``. SQLite gets batch
+mode, since it cannot ``ALTER`` most things.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from coordinator.db import TARGET_METADATA, locked_connection, make_engine
+from coordinator.storage import TARGET_METADATA
+from coordinator.storage.engine import locked_connection, make_engine
 
 
 def _run(connection: Connection) -> None:

@@ -1,4 +1,4 @@
-"""User personas in a database: the ``agents`` table behind :class:`AgentRegistry`.
+"""User personas in the database: the ``agents`` table behind :class:`AgentRegistry`.
 
 A row holds the persona in its file format (:func:`registry.parser.dump_persona`), so the disk and
 the database share one representation and a round trip keeps every field, unknown keys and the
@@ -9,7 +9,7 @@ breaking the registry.
 Only SQLite and PostgreSQL are supported: an upsert is one ``INSERT … ON CONFLICT DO UPDATE``
 statement whose ``revision = revision + 1`` is atomic under concurrent writers on both.
 
-This module imports SQLAlchemy; the rest of :mod:`registry` does not need it.
+:class:`GuardedUserStore` is what the API and workers use: it outlives a database outage.
 """
 
 from __future__ import annotations
@@ -17,70 +17,34 @@ from __future__ import annotations
 import builtins
 import threading
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import DateTime, Dialect, Integer, MetaData, String, Text, delete, func, select
+from sqlalchemy import Integer, MetaData, String, Text, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult, Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
-from sqlalchemy.types import TypeDecorator
 
+from coordinator.storage.columns import NAMING_CONVENTION, UtcDateTime, utcnow
+from coordinator.storage.engine import Database, DatabaseUnavailable
 from registry.errors import FieldProblem, PersonaError, UserError
 from registry.parser import dump_persona, parse_persona
 from registry.persona import Persona, Source
 
 __all__ = [
     "AGENTS_METADATA",
-    "NAMING_CONVENTION",
+    "MAX_NAME_LENGTH",
     "AgentRow",
+    "GuardedUserStore",
     "SqlUserStore",
     "StoredPersona",
-    "UtcDateTime",
-    "utcnow",
 ]
-
-#: Constraint names Alembic can rely on (SQLite batch migrations need named constraints).
-NAMING_CONVENTION: dict[str, str] = {
-    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
-    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
 
 #: Longest persona name the ``agents.name`` column holds.
 MAX_NAME_LENGTH = 255
 
 _INSERTS: dict[str, Any] = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}
-
-
-def utcnow() -> datetime:
-    """Now, timezone-aware, in UTC: what every timestamp column stores."""
-    return datetime.now(UTC)
-
-
-class UtcDateTime(TypeDecorator[datetime]):
-    """A timezone-aware UTC timestamp on every backend (SQLite stores it naive, in UTC)."""
-
-    impl = DateTime
-    cache_ok = True
-
-    def __init__(self) -> None:
-        super().__init__(timezone=True)
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError(f"naive datetime {value!r}: pass an aware one (UTC)")
-        value = value.astimezone(UTC)
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class _Base(DeclarativeBase):
@@ -104,7 +68,7 @@ class AgentRow(_Base):
     )
 
 
-#: The ``agents`` table's metadata, for Alembic (see ``coordinator/migrations``).
+#: The ``agents`` table's metadata, for Alembic (see ``coordinator/storage/migrations``).
 AGENTS_METADATA = _Base.metadata
 
 
@@ -219,3 +183,43 @@ def _parse(name: str, markdown: str) -> Persona:
     if persona.name != name:
         raise PersonaError([FieldProblem("name", f"is {persona.name!r}, but the row is {name!r}")])
     return persona.model_copy(update={"source": Source.USER})
+
+
+class GuardedUserStore:
+    """A :class:`SqlUserStore` that outlives a database outage.
+
+    While the database cannot be read, :meth:`list` returns the personas it read last and
+    :meth:`problems` says so (it shows in ``GET /api/v1/agents/warnings``); writes fail with
+    :class:`DatabaseUnavailable` (HTTP 503).
+    """
+
+    def __init__(self, store: SqlUserStore, database: Database) -> None:
+        self._store, self._db = store, database
+        self._last: builtins.list[Persona] = []
+        self._outage: str | None = None
+
+    def list(self) -> builtins.list[Persona]:
+        try:
+            self._db.ensure()
+            personas = self._store.list()
+        except (DatabaseUnavailable, SQLAlchemyError) as exc:
+            self._outage = f"user personas could not be read ({exc}); showing the last ones read"
+            return list(self._last)
+        self._last, self._outage = personas, None
+        return personas
+
+    def problems(self) -> builtins.list[tuple[str, str]]:
+        outage = [("*", self._outage)] if self._outage else []
+        return self._store.problems() + outage
+
+    def get(self, name: str) -> StoredPersona | None:
+        self._db.ensure()
+        return self._store.get(name)
+
+    def upsert(self, persona: Persona, user: str = "") -> None:
+        self._db.ensure()
+        self._store.upsert(persona, user)
+
+    def delete(self, name: str) -> bool:
+        self._db.ensure()
+        return self._store.delete(name)

@@ -1,9 +1,10 @@
 """Alembic migrations of the coordinator's database (a package so it ships in the wheel).
 
-Run them with :func:`coordinator.db.upgrade`. To write a new revision against a scratch database::
+Run them with :func:`coordinator.storage.engine.upgrade`. To write a new revision against a
+scratch database::
 
     from alembic import command
-    from coordinator.db import alembic_config
+    from coordinator.storage.engine import alembic_config
     command.revision(alembic_config("sqlite:////tmp/scratch.db"), "add foo",
                      autogenerate=True, rev_id="0002")
 

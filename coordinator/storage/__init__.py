@@ -1,0 +1,22 @@
+"""The coordinator's database, in one place: engine and migrations, user personas, chats.
+
+- :mod:`~coordinator.storage.engine`: engines for SQLite and PostgreSQL, readiness, and
+  :func:`~coordinator.storage.engine.upgrade` (Alembic, ``migrations/``);
+- :mod:`~coordinator.storage.personas`: user personas (the store behind the registry's
+  ``UserStore`` protocol);
+- :mod:`~coordinator.storage.chats`: chat sessions and messages.
+
+:mod:`registry` declares the store protocol and never imports this package.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import MetaData
+
+from coordinator.storage.chats import CHAT_METADATA
+from coordinator.storage.personas import AGENTS_METADATA
+
+__all__ = ["TARGET_METADATA"]
+
+#: Everything the migrations manage.
+TARGET_METADATA: list[MetaData] = [AGENTS_METADATA, CHAT_METADATA]
