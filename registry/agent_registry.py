@@ -6,11 +6,18 @@ builds a new :class:`Snapshot` aside and swaps one reference, so nobody sees hal
 Collision rules (SPEC §3): a user persona shadows a builtin or disk one of the same name (that is
 how a builtin is overridden). Two disk files with one name: the first loaded is kept and the other
 is a warning; a disk file named like a builtin is a warning too and the builtin is kept.
+
+The shipped root (the personas installed with the package) is read first among the disk roots,
+and a file of the same name in a later root overrides a shipped persona, with a warning. One file
+reached through two roots, or a byte-identical copy of a shipped file, is loaded once and is no
+warning.
 """
 
 from __future__ import annotations
 
+import builtins
 import hashlib
+import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +60,7 @@ class UserStore(Protocol):
 
     def delete(self, name: str) -> bool: ...
 
-    def problems(self) -> list[tuple[str, str]]:
+    def problems(self) -> builtins.list[tuple[str, str]]:
         """(name, reason) of stored personas the last :meth:`list` could not load."""
         ...
 
@@ -77,7 +84,7 @@ class InMemoryUserStore:
         with self._lock:
             return self._items.pop(name, None) is not None
 
-    def problems(self) -> list[tuple[str, str]]:
+    def problems(self) -> builtins.list[tuple[str, str]]:
         return []
 
 
@@ -127,6 +134,76 @@ def load_directory(directory: Path) -> tuple[list[Persona], list[LoadWarning]]:
     return personas, warnings
 
 
+@dataclass(frozen=True)
+class _DiskLayer:
+    """The disk roots read and their collisions among themselves settled."""
+
+    #: The persona kept for each name, in load order.
+    personas: tuple[Persona, ...] = ()
+    warnings: tuple[LoadWarning, ...] = ()
+    #: Names whose kept persona came from the shipped root.
+    shipped: frozenset[str] = frozenset()
+    #: Names whose shipped persona a file of another root overrides.
+    overridden: frozenset[str] = frozenset()
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+    """Whether two paths name one file (a root reached twice, a symlink)."""
+    try:
+        return a is not None and b is not None and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _same_bytes(a: str | None, b: str | None) -> bool:
+    try:
+        return a is not None and b is not None and Path(a).read_bytes() == Path(b).read_bytes()
+    except OSError:
+        return False
+
+
+def _settle_disk(loaded: Sequence[tuple[Persona, bool]], warnings: list[LoadWarning]) -> _DiskLayer:
+    """Keep one persona per name from ``(persona, from the shipped root)`` in load order."""
+    kept: dict[str, tuple[Persona, bool]] = {}
+    overridden: set[str] = set()
+    for persona, shipped in loaded:
+        first = kept.get(persona.name)
+        if first is None:
+            kept[persona.name] = (persona, shipped)
+            continue
+        kept_persona, kept_shipped = first
+        if _same_file(kept_persona.path, persona.path):
+            continue
+        if kept_shipped and not shipped:
+            # A non-editable install run from the checkout sees the shipped files twice: in the
+            # package and in ./agents. An unchanged copy is the same persona, not an override.
+            if _same_bytes(kept_persona.path, persona.path):
+                continue
+            warnings.append(
+                LoadWarning(
+                    str(kept_persona.path),
+                    f"shipped persona {persona.name!r} is overridden by {persona.path}; this "
+                    "file is ignored",
+                )
+            )
+            kept[persona.name] = (persona, False)
+            overridden.add(persona.name)
+            continue
+        warnings.append(
+            LoadWarning(
+                str(persona.path),
+                f"duplicate persona name {persona.name!r}: already loaded from "
+                f"{kept_persona.path}; this file is ignored",
+            )
+        )
+    return _DiskLayer(
+        personas=tuple(p for p, _ in kept.values()),
+        warnings=tuple(warnings),
+        shipped=frozenset(name for name, (_, shipped) in kept.items() if shipped),
+        overridden=frozenset(overridden),
+    )
+
+
 def _digest(personas: Mapping[str, Persona]) -> str:
     h = hashlib.sha256()
     for name in sorted(personas):
@@ -147,15 +224,24 @@ class AgentRegistry:
         builtins: Iterable[Persona] = (),
         gate: Gate | None = None,
         optional_dirs: Iterable[Path] = (),
+        shipped_dir: Path | None = None,
+        notes: Iterable[LoadWarning] = (),
     ) -> None:
         """``optional_dirs`` are disk roots whose absence is normal (./agents, the default
-        marketplace root); any other missing directory is a warning."""
+        marketplace root); any other missing directory is a warning.
+
+        ``shipped_dir`` holds the personas installed with the package: read before
+        ``disk_dirs``, whose files override a shipped persona of the same name. ``notes`` are
+        load problems found before the registry was built, repeated in every snapshot.
+        """
         self._dirs = list(disk_dirs)
         self._optional = {Path(d) for d in optional_dirs}
+        self._shipped_dir = shipped_dir
+        self._notes = tuple(notes)
         self._store = user_store if user_store is not None else InMemoryUserStore()
         self._gate = gate
         self._builtins: dict[str, Persona] = {}
-        self._disk: tuple[list[Persona], list[LoadWarning]] = ([], [])
+        self._disk = _DiskLayer()
         self._lock = threading.Lock()
         self._snapshot = Snapshot(version=0, personas=MappingProxyType({}))
         for persona in builtins:
@@ -175,7 +261,7 @@ class AgentRegistry:
         snap = self._snapshot
         return [snap.personas[n] for n in snap.names()]
 
-    def warnings(self) -> list[LoadWarning]:
+    def warnings(self) -> builtins.list[LoadWarning]:
         return list(self._snapshot.warnings)
 
     # -- changing ------------------------------------------------------------------------------
@@ -229,6 +315,12 @@ class AgentRegistry:
         persona = self._snapshot.get(name)
         if persona.source is Source.USER:
             return persona
+        if persona.source is Source.DISK and name in self._disk.shipped:
+            raise ReadOnlyError(
+                f"agent {name!r} is shipped with the runtime ({persona.path}) and is read-only: "
+                "save a user persona with the same name, or put a file with that name in an "
+                "agents directory, to override it"
+            )
         if persona.source is Source.DISK:
             raise ReadOnlyError(
                 f"agent {name!r} is a disk persona ({persona.path}) and is read-only here: edit "
@@ -240,35 +332,43 @@ class AgentRegistry:
             "with the same name to override it"
         )
 
-    def _load_disk(self) -> tuple[list[Persona], list[LoadWarning]]:
-        personas: list[Persona] = []
-        warnings: list[LoadWarning] = []
-        for directory in self._dirs:
+    def _load_disk(self) -> _DiskLayer:
+        loaded: list[tuple[Persona, bool]] = []
+        warnings: list[LoadWarning] = list(self._notes)
+        roots = [(Path(d), False) for d in self._dirs]
+        if self._shipped_dir is not None:
+            roots.insert(0, (Path(self._shipped_dir), True))
+        read: set[Path] = set()
+        for directory, shipped in roots:
             if not directory.is_dir():
-                if Path(directory) not in self._optional:
+                if shipped:
+                    warnings.append(
+                        LoadWarning(
+                            str(directory),
+                            "the shipped personas' directory does not exist: reinstall the "
+                            "package, or set shipped_agents: false",
+                        )
+                    )
+                elif directory not in self._optional:
                     warnings.append(LoadWarning(str(directory), "agents directory does not exist"))
                 continue
+            # One directory reached twice (./agents of the checkout is the shipped root of an
+            # editable install; a root listed twice) is read once.
+            real = directory.resolve()
+            if real in read:
+                continue
+            read.add(real)
             found, problems = load_directory(directory)
-            personas.extend(found)
+            loaded.extend((persona, shipped) for persona in found)
             warnings.extend(problems)
-        return personas, warnings
+        return _settle_disk(loaded, warnings)
 
     def _publish(self) -> Snapshot:
         """Merge the layers into a new snapshot and swap it in. Caller holds the lock."""
-        disk, warnings = self._disk[0], list(self._disk[1])
+        warnings = list(self._disk.warnings)
         merged: dict[str, Persona] = dict(self._builtins)
-        first_disk: dict[str, str] = {}
-        for persona in disk:
-            if persona.name in first_disk:
-                warnings.append(
-                    LoadWarning(
-                        str(persona.path),
-                        f"duplicate persona name {persona.name!r}: already loaded from "
-                        f"{first_disk[persona.name]}; this file is ignored",
-                    )
-                )
-                continue
-            first_disk[persona.name] = str(persona.path)
+        shadowed: dict[str, Source] = {}
+        for persona in self._disk.personas:
             if persona.name in self._builtins:
                 warnings.append(
                     LoadWarning(
@@ -279,7 +379,8 @@ class AgentRegistry:
                 )
                 continue
             merged[persona.name] = persona
-        shadowed: dict[str, Source] = {}
+            if persona.name in self._disk.overridden:
+                shadowed[persona.name] = Source.DISK
         stored = self._store.list()
         warnings.extend(
             LoadWarning(f"database:agents/{name}", reason)

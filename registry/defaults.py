@@ -1,13 +1,20 @@
-"""The registry as the runtime builds it: the builtin personas and the configured disk roots."""
+"""The registry as the runtime builds it: builtin personas, the shipped ones, the disk roots."""
 
 from __future__ import annotations
 
-from registry.agent_registry import AgentRegistry, UserStore
+import importlib.util
+from pathlib import Path
+
+from registry.agent_registry import AgentRegistry, LoadWarning, UserStore
 from registry.gates import check_availability
 from registry.persona import Persona
 from registry.settings import DEFAULT_MARKETPLACE_ROOT, Settings
 
-__all__ = ["BUILTIN_PERSONAS", "build_registry"]
+__all__ = ["BUILTIN_PERSONAS", "SHIPPED_AGENTS_PACKAGE", "build_registry", "shipped_agents_dir"]
+
+#: The package the repository's top-level ``agents/`` folder is installed as (pyproject.toml
+#: maps it), so the shipped personas are found wherever the runtime starts.
+SHIPPED_AGENTS_PACKAGE = "ongrid_agents"
 
 #: Personas registered in code. They cannot be deleted; a user persona of the same name overrides.
 BUILTIN_PERSONAS: tuple[Persona, ...] = (
@@ -34,15 +41,46 @@ BUILTIN_PERSONAS: tuple[Persona, ...] = (
 )
 
 
+def shipped_agents_dir() -> Path | None:
+    """The directory of the installed shipped personas, or None when they are not installed.
+
+    Found through the import system, never the working directory: ``ongrid_agents/`` in
+    site-packages for a wheel, the checkout's ``agents/`` for an editable install.
+    """
+    spec = importlib.util.find_spec(SHIPPED_AGENTS_PACKAGE)
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    # The folder has no __init__.py, so this is a namespace package; an editable install adds a
+    # placeholder entry to its path that is no directory (importlib.resources.files() fails on
+    # it before Python 3.12), so the first real directory is taken.
+    for location in spec.submodule_search_locations:
+        if Path(location).is_dir():
+            return Path(location)
+    return None
+
+
 def build_registry(settings: Settings, user_store: UserStore | None = None) -> AgentRegistry:
-    """Builtins, then ``settings.agent_dirs``, then ``user_store``, with the availability gate."""
+    """Builtins, the shipped personas, ``settings.agent_dirs``, then ``user_store``, with the
+    availability gate. ``settings.shipped_agents`` false leaves the shipped personas out."""
     optional = {settings.agents_dir}
     if settings.marketplace_root == DEFAULT_MARKETPLACE_ROOT:
         optional.add(DEFAULT_MARKETPLACE_ROOT)
+    shipped = shipped_agents_dir() if settings.shipped_agents else None
+    notes = []
+    if settings.shipped_agents and shipped is None:
+        notes.append(
+            LoadWarning(
+                f"package:{SHIPPED_AGENTS_PACKAGE}",
+                "the shipped personas are not installed: reinstall the package (pip install .), "
+                "or set shipped_agents: false",
+            )
+        )
     return AgentRegistry(
         settings.agent_dirs,
         user_store,
         builtins=BUILTIN_PERSONAS,
         gate=lambda p: check_availability(p, has_config=settings.has_config),
         optional_dirs=optional,
+        shipped_dir=shipped,
+        notes=notes,
     )

@@ -252,6 +252,8 @@ class Cluster:
             ONGRID_TOOL_MODULES="site_tools",
             ONGRID_TEST_COUNT_FILE=str(self.count_file),
             ONGRID_LEASE_SECONDS=str(LEASE_SECONDS),
+            # Each test's registry holds the personas it writes, not the shipped ones too.
+            ONGRID_SHIPPED_AGENTS="0",
             PYTHONUNBUFFERED="1",
         )
         self.settings = Settings.load(
@@ -259,6 +261,7 @@ class Cluster:
                 "REDIS_URL": redis_url,
                 "ONGRID_AGENTS_DIR": str(self.agents),
                 "ONGRID_MARKETPLACE_ROOT": str(marketplace),
+                "ONGRID_SHIPPED_AGENTS": "0",
             }
         )
         self._client: SpawnClient | None = None

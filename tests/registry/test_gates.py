@@ -174,6 +174,7 @@ def test_build_registry_wires_settings_into_the_gate(
             "ONGRID_CONFIG": str(config),
             "ONGRID_AGENTS_DIR": str(agents),
             "ONGRID_MARKETPLACE_ROOT": str(tmp_path / "marketplace"),
+            "ONGRID_SHIPPED_AGENTS": "0",
         }
     )
     snap = build_registry(settings).snapshot()
@@ -193,7 +194,7 @@ def test_build_registry_wires_settings_into_the_gate(
 def test_default_roots_may_be_missing(tmp_path: Path) -> None:
     if DEFAULT_MARKETPLACE_ROOT.exists():
         pytest.skip(f"{DEFAULT_MARKETPLACE_ROOT} exists on this host")
-    settings = Settings(agents_dir=tmp_path / "no-agents-here")
+    settings = Settings(agents_dir=tmp_path / "no-agents-here", shipped_agents=False)
     registry = build_registry(settings)
     assert registry.warnings() == []
     assert registry.snapshot().names() == [p.name for p in BUILTIN_PERSONAS] == ["generalist"]
