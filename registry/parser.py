@@ -8,7 +8,17 @@ lines: each line that starts at column 0 with ``key:`` opens a key, the indented
 after it belong to it; each key's block is parsed as YAML on its own, and a block that still fails
 is taken as plain text (surrounding quotes removed). The persona then loads with a note saying
 which keys were read as text. A line the fallback cannot place fails the file with its line and
-column. Only ``yaml.safe_load`` semantics are used (the C loader when it is available).
+column. A block whose field takes a list or a mapping (``tools``, ``metadata``…), or that is shaped
+like one (opening with ``[`` or ``{``, or made of ``- `` items or indented ``key:`` lines), is
+structure, not text: if it is not valid YAML the file fails, naming the field, line and column.
+Only ``yaml.safe_load`` semantics are used (the C loader when it is available).
+
+Hostile files are bounded before anything walks them: the file's size, the frontmatter's size, and
+what the frontmatter holds once every YAML alias is expanded (values, characters of text, depth).
+Aliases are shared references, so a few lines of anchors can stand for billions of values (the
+"billion laughs"); the bound counts them as expanded, measuring each shared node once, and stops as
+soon as a limit is passed. The same bound applies to a mapping that did not come from YAML (the
+API's JSON bodies).
 """
 
 from __future__ import annotations
@@ -16,16 +26,34 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from registry._bounds import (
+    MAX_FILE_BYTES,
+    MAX_FRONTMATTER_BYTES,
+    MAX_FRONTMATTER_DEPTH,
+    MAX_FRONTMATTER_TEXT,
+    MAX_FRONTMATTER_VALUES,
+    MAX_INTEGER_DIGITS,
+    Oversized,
+    measure_nodes,
+    measure_values,
+)
 from registry.errors import FieldProblem, PersonaError, TemplateError
 from registry.persona import FILE_FIELDS, Persona
 
 __all__ = [
+    "MAX_FILE_BYTES",
+    "MAX_FRONTMATTER_BYTES",
+    "MAX_FRONTMATTER_DEPTH",
+    "MAX_FRONTMATTER_TEXT",
+    "MAX_FRONTMATTER_VALUES",
+    "MAX_INTEGER_DIGITS",
     "Parsed",
+    "check_bounds",
     "dump_persona",
     "load_persona_file",
     "parse_persona",
@@ -39,6 +67,8 @@ _BaseDumper: type = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _KNOWN = frozenset(FILE_FIELDS)
 _RULE = re.compile(r"^-{4,}[ \t]*\r?\n?$")
 _KEY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_.-]*)[ \t]*:(?:[ \t]|$)(.*)$")
+#: Anchors and tags in front of a value (``&base``, ``!!map``): not part of its shape.
+_PROPERTIES = re.compile(r"^(?:[&!]\S*[ \t]*)+")
 
 
 @dataclass(frozen=True)
@@ -47,6 +77,50 @@ class Parsed:
 
     persona: Persona
     notes: tuple[str, ...] = ()
+
+
+# -- bounded YAML ------------------------------------------------------------------------------
+
+
+def check_bounds(data: Any, *, path: str | None = None) -> None:
+    """Refuse (:class:`PersonaError` naming the key) frontmatter data past the bounds of
+    :func:`registry._bounds.measure_values`, whatever it came from."""
+    try:
+        measure_values(data)
+    except Oversized as exc:
+        raise PersonaError([exc.problem], path) from None
+
+
+def _bounded_load(text: str) -> Any:
+    """What ``yaml.load`` does, with the composed document measured before it is built."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        measure_nodes(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` of ``text``, refusing (:class:`Oversized`) a document past the bounds
+    before any value is built from it."""
+    try:
+        return _bounded_load(text)
+    except RecursionError:
+        # The pure-Python composer recurses once per level, far past the depth bound.
+        raise Oversized(
+            FieldProblem("", f"frontmatter nests deeper than {MAX_FRONTMATTER_DEPTH} levels")
+        ) from None
+    except ValueError as exc:
+        # The constructor's own checks (a date such as 2021-13-01, an integer too long to read)
+        # refuse YAML that cannot be read, like a syntax error does.
+        raise yaml.constructor.ConstructorError(problem=f"cannot read a value: {exc}") from None
+
+
+# -- reading -----------------------------------------------------------------------------------
 
 
 def _split(text: str, path: str | None) -> tuple[str, str, list[str]]:
@@ -89,18 +163,84 @@ def _plain(text: str) -> str:
     return text
 
 
-def _lenient(frontmatter: str, yaml_error: str, path: str | None) -> tuple[dict[str, Any], list]:
-    """Read flat ``key: value`` blocks; return the mapping and the keys taken as plain text."""
-    blocks: list[tuple[str, list[str]]] = []
+def _takes_structure(annotation: Any) -> bool:
+    """Whether a field's declared type is a list or a mapping (a model counts as a mapping)."""
+    kind = get_origin(annotation) or annotation
+    if isinstance(kind, type):
+        return issubclass(kind, list | tuple | set | dict | BaseModel)
+    return any(_takes_structure(arg) for arg in get_args(annotation))
+
+
+#: Fields whose value is a list or a mapping: their YAML must parse, never be read as text.
+_STRUCTURED_FIELDS = frozenset(
+    name for name in FILE_FIELDS if _takes_structure(Persona.model_fields[name].annotation)
+)
+#: Fields declared as text: whatever their value looks like (``[WIP] Disk: triage``), a block
+#: that is not valid YAML is text, which is what the fallback exists for.
+_TEXT_FIELDS = frozenset(
+    name for name in FILE_FIELDS if Persona.model_fields[name].annotation in (str, "str")
+)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """One top-level key of a frontmatter read by the fallback, and the lines that belong to it."""
+
+    key: str
+    line: int  # the key line's number in the file
+    lines: list[str]
+
+    @property
+    def structured(self) -> bool:
+        """Whether the block is a list or a mapping, by its field's type or by its shape."""
+        if self.key in _STRUCTURED_FIELDS:
+            return True
+        if self.key in _TEXT_FIELDS:
+            return False
+        first = _KEY_LINE.match(self.lines[0])
+        inline = _PROPERTIES.sub("", first.group(2) if first else "").strip()
+        if inline and not inline.startswith("#"):
+            return inline[0] in "[{"
+        for line in self.lines[1:]:
+            item = line.strip()
+            if item and not item.startswith("#"):
+                return item == "-" or item.startswith(("- ", "-\t")) or bool(_KEY_LINE.match(item))
+        return False
+
+    def text(self) -> str:
+        """The block as plain text: the value after ``key:`` and its continuation lines."""
+        first = _KEY_LINE.match(self.lines[0])
+        rest = [first.group(2) if first else ""] + [ln.strip() for ln in self.lines[1:]]
+        return _plain("\n".join(part for part in rest if part))
+
+    def where(self, exc: yaml.YAMLError) -> str:
+        """``line L, column C: YAML error: …`` in the file's numbering.
+
+        An unclosed ``[`` is only noticed past the block's last line: the position is then
+        where the broken list or mapping opened (the error's context).
+        """
+        context = getattr(exc, "context", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        mark = getattr(exc, "problem_mark", None)
+        if mark is None or mark.line >= len(self.lines):
+            mark = getattr(exc, "context_mark", None) or mark
+        what = f"{context}: {problem}" if context else problem
+        if mark is None or mark.line >= len(self.lines):
+            return f"line {self.line}: YAML error: {what}"
+        return f"line {self.line + mark.line}, column {mark.column + 1}: YAML error: {what}"
+
+
+def _blocks(frontmatter: str, yaml_error: str, path: str | None) -> list[_Block]:
+    blocks: list[_Block] = []
     for number, line in enumerate(frontmatter.splitlines(), start=2):
         match = _KEY_LINE.match(line)
         if match:
-            blocks.append((match.group(1), [line]))
+            blocks.append(_Block(match.group(1), number, [line]))
         elif not line.strip() or line.lstrip().startswith("#"):
             if blocks:
-                blocks[-1][1].append(line)
+                blocks[-1].lines.append(line)
         elif line[0] in " \t-" and blocks:
-            blocks[-1][1].append(line)
+            blocks[-1].lines.append(line)
         else:
             raise PersonaError(
                 [
@@ -112,24 +252,63 @@ def _lenient(frontmatter: str, yaml_error: str, path: str | None) -> tuple[dict[
                 ],
                 path,
             )
+    return blocks
+
+
+def _value_of(block: _Block, parsed: Any) -> Any:
+    """The block's value from its own YAML; a key YAML reads as another type (``on:``, ``yes:``
+    are booleans) still names the block's only entry."""
+    if isinstance(parsed, dict):
+        if block.key in parsed:
+            return parsed[block.key]
+        if len(parsed) == 1:
+            return next(iter(parsed.values()))
+    raise KeyError(block.key)
+
+
+def _lenient(
+    frontmatter: str, yaml_error: str, path: str | None
+) -> tuple[dict[str, Any], list[str]]:
+    """Read flat ``key: value`` blocks; return the mapping and the keys taken as plain text.
+
+    A list or mapping block whose YAML is broken fails the file, every such block named.
+    """
     data: dict[str, Any] = {}
     as_text: list[str] = []
-    for key, block in blocks:
+    broken: list[FieldProblem] = []
+    for block in _blocks(frontmatter, yaml_error, path):
         try:
-            parsed = yaml.load("\n".join(block) + "\n", Loader=_Loader)  # noqa: S506 - safe loader
-            data[key] = parsed[key]
-        except (yaml.YAMLError, TypeError, KeyError):
-            first = _KEY_LINE.match(block[0])
-            rest = [first.group(2) if first else ""] + [ln.strip() for ln in block[1:]]
-            data[key] = _plain("\n".join(part for part in rest if part))
-            as_text.append(key)
+            data[block.key] = _value_of(block, _load_yaml("\n".join(block.lines) + "\n"))
+        except Oversized as exc:
+            problem = exc.problem
+            raise PersonaError(
+                [FieldProblem(problem.field or block.key, problem.message)], path
+            ) from None
+        except (yaml.YAMLError, KeyError) as exc:
+            if not block.structured:
+                data[block.key] = block.text()
+                as_text.append(block.key)
+            elif isinstance(exc, yaml.YAMLError):
+                broken.append(FieldProblem(block.key, block.where(exc)))
+            else:
+                broken.append(FieldProblem(block.key, f"line {block.line}: not one 'key: value'"))
+    if broken:
+        raise PersonaError(broken, path)
     return data, as_text
 
 
 def _read_frontmatter(frontmatter: str, path: str | None) -> tuple[dict[str, Any], list[str]]:
+    size = len(frontmatter.encode("utf-8"))
+    if size > MAX_FRONTMATTER_BYTES:
+        raise PersonaError(
+            [FieldProblem("", f"frontmatter is {size} bytes; at most {MAX_FRONTMATTER_BYTES}")],
+            path,
+        )
     notes: list[str] = []
     try:
-        data = yaml.load(frontmatter, Loader=_Loader)  # noqa: S506 - safe loader
+        data = _load_yaml(frontmatter)
+    except Oversized as exc:
+        raise PersonaError([exc.problem], path) from None
     except yaml.YAMLError as exc:
         where = _where(exc)
         data, as_text = _lenient(frontmatter, where, path)
@@ -144,6 +323,7 @@ def _read_frontmatter(frontmatter: str, path: str | None) -> tuple[dict[str, Any
         raise PersonaError(
             [FieldProblem("", f"frontmatter must be a mapping, got {type(data).__name__}")], path
         )
+    check_bounds(data, path=path)  # the blocks of the fallback, counted together
     return data, notes
 
 
@@ -165,7 +345,11 @@ def _problems(exc: ValidationError) -> list[FieldProblem]:
 def persona_from_mapping(
     data: dict[str, Any], *, body: str = "", path: str | None = None
 ) -> Persona:
-    """Validate a frontmatter mapping. Keys the format does not define are kept verbatim."""
+    """Validate a frontmatter mapping. Keys the format does not define are kept verbatim.
+
+    The mapping is bounded first (:func:`check_bounds`), whatever it came from.
+    """
+    check_bounds(data, path=path)
     known = {k: v for k, v in data.items() if k in _KNOWN}
     unknown = {str(k): v for k, v in data.items() if k not in _KNOWN}
     try:
@@ -182,6 +366,15 @@ def read_document(text: str, *, path: str | None = None) -> tuple[dict[str, Any]
     Importers use this to repair a foreign file before validation; everyone else wants
     :func:`parse_persona`.
     """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # Only a caller's string can hold one (files are decoded strictly); nothing downstream
+        # could write it back.
+        raise PersonaError(
+            [FieldProblem("", f"not valid Unicode text (character {exc.start}: {exc.reason})")],
+            path,
+        ) from None
     text = text.removeprefix("\ufeff")
     frontmatter, body, notes = _split(text, path)
     data, yaml_notes = _read_frontmatter(frontmatter, path)
@@ -198,9 +391,14 @@ def read_text_file(path: str | Path) -> str:
     """A file's text as UTF-8; unreadable or undecodable files are a PersonaError."""
     name = str(path)
     try:
-        raw = Path(path).read_bytes()
+        with Path(path).open("rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)  # never more, however large the file
     except OSError as exc:
         raise PersonaError([FieldProblem("", f"cannot read file: {exc.strerror}")], name) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise PersonaError(
+            [FieldProblem("", f"file is larger than {MAX_FILE_BYTES // 1024} KiB")], name
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

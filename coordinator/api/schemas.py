@@ -8,13 +8,17 @@ refused if it holds a NUL character or an unpaired surrogate, which no database 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic.fields import FieldInfo
 
 from coordinator.storage.personas import MAX_NAME_LENGTH
-from registry.persona import DEFAULT_MAX_TURNS, NAME_PATTERN, PermissionMode, Source
+from registry.errors import PersonaError
+from registry.parser import check_bounds
+from registry.persona import FILE_FIELDS, NAME_PATTERN, Persona, Source
 from registry.policy import Confirmation
 from registry.template import (
     MAX_CONTEXT_BYTES,
@@ -222,6 +226,11 @@ class TranscriptOut(BaseModel):
     attempts: int
     prompt: str
     context: dict[str, Any]
+    missing_context: list[str] = Field(
+        default_factory=list,
+        description="Context keys the initial prompt looked up and the spawn lacked: each "
+        "rendered `<no value>`.",
+    )
     result: str
     error: str
     created: float = Field(description="Unix time.")
@@ -258,24 +267,111 @@ class PendingApprovalOut(BaseModel):
 
 # -- agents ------------------------------------------------------------------------------------
 
-#: Keys of :class:`AgentOut` that the registry sets; a persona body must not carry them.
-RESPONSE_ONLY_FIELDS = frozenset(
-    {
-        "source",
-        "path",
-        "available",
-        "unavailable_reason",
-        "shadows",
-        "unknown_fields",
-        "notice",
-        "registry_version",
-    }
-)
+# The persona bodies are derived from :class:`registry.persona.Persona`: a field added there is in
+# the requests and the responses, with its type and description, without an edit here. What a
+# request needs beyond the persona's own type (text hygiene, a name's shape, tools as a list or a
+# comma-separated string, metadata as a bounded JSON object) is said once, below.
+
+#: Frontmatter strings that must hold more than white space (as a persona file's must).
+# (The pattern before the validator: after it, the OpenAPI document would not show it.)
+_FilledText = Annotated[str, Field(pattern=r"\S"), AfterValidator(_check_text)]
+#: Request types of the persona fields that a plain mapping of the persona's type does not give.
+_CREATE_TYPES: dict[str, Any] = {
+    "name": NewAgentName,
+    "description": _FilledText,
+    "when_to_use": _FilledText,
+    "tools": ToolPatterns,
+    "disallowed_tools": ToolPatterns,
+}
+#: A PATCH names an existing persona, and leaves blank text to the persona's own check.
+_PATCH_TYPES: dict[str, Any] = {
+    **_CREATE_TYPES,
+    "name": AgentName,
+    "description": Text,
+    "when_to_use": Text,
+}
+#: Descriptions of the API's view where the persona's own would mislead.
+_DESCRIPTIONS = {
+    "source": "builtin, disk (a file) or user (the API).",
+    "path": "The file it was loaded from (disk personas).",
+}
+#: The persona fields a request may carry: the frontmatter and the body (the system prompt).
+_REQUEST_FIELDS = (*FILE_FIELDS, "body")
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _request_type(name: str, info: FieldInfo, overrides: Mapping[str, Any]) -> Any:
+    """The request type of a persona field, with the persona's constraints (e.g. ``ge=0``)."""
+    if name in overrides:
+        return overrides[name]
+    kind = info.annotation
+    if kind is str:
+        kind = Text
+    elif _is_model(kind) or get_origin(kind) is dict:
+        kind = JsonObject
+    return Annotated[(kind, *info.metadata)] if info.metadata else kind
+
+
+def _description(name: str, info: FieldInfo, kind: Any = None) -> str | None:
+    """What the API says of a field: the request type's own words (e.g. that tools may be a
+    comma-separated string), else the persona's."""
+    own = [m.description for m in get_args(kind)[1:] if isinstance(m, FieldInfo) and m.description]
+    return own[-1] if own else _DESCRIPTIONS.get(name, info.description)
+
+
+def _create_fields() -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name in _REQUEST_FIELDS:
+        info = Persona.model_fields[name]
+        kind = _request_type(name, info, _CREATE_TYPES)
+        doc = _description(name, info, kind)
+        if info.is_required():
+            fields[name] = (kind, Field(description=doc))
+        elif info.default_factory is not None:
+            factory = dict if kind is JsonObject else info.default_factory
+            fields[name] = (kind, Field(default_factory=factory, description=doc))
+        else:
+            fields[name] = (kind, Field(default=info.default, description=doc))
+    return fields
+
+
+def _patch_fields() -> dict[str, Any]:
+    fields: dict[str, Any] = {}
+    for name in _REQUEST_FIELDS:
+        info = Persona.model_fields[name]
+        doc = "Must equal the current name." if name == "name" else _description(name, info)
+        kind = _request_type(name, info, _PATCH_TYPES)
+        fields[name] = (kind | None, Field(default=None, description=doc))
+    return fields
+
+
+def _response_fields() -> dict[str, Any]:
+    """Every persona field as the registry describes it (``metadata`` as a plain object)."""
+    fields: dict[str, Any] = {}
+    for name, info in Persona.model_fields.items():
+        kind = dict[str, Any] if _is_model(info.annotation) else info.annotation
+        fields[name] = (kind, Field(description=_description(name, info)))
+    return fields
 
 
 class _PersonaBody(BaseModel):
     # Unknown frontmatter keys are kept (SPEC §2), so no extra="forbid" here.
     model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _within_bounds(cls, data: Any) -> Any:
+        # Before anything walks it: the bounds of a persona file's frontmatter (values, text,
+        # depth), so a body no file could hold is refused up front with the reason.
+        if isinstance(data, dict):
+            try:
+                check_bounds({k: v for k, v in data.items() if k != "body"})
+            except PersonaError as exc:
+                raise ValueError(exc.reason) from None
+        return data
 
     @model_validator(mode="after")
     def _extras(self) -> _PersonaBody:
@@ -289,65 +385,23 @@ class _PersonaBody(BaseModel):
         return self
 
 
-class PersonaIn(_PersonaBody):
+_PersonaFields = create_model("_PersonaFields", __base__=_PersonaBody, **_create_fields())
+_PatchFields = create_model("_PatchFields", __base__=_PersonaBody, **_patch_fields())
+_AgentFields = create_model("_AgentFields", **_response_fields())
+
+
+class PersonaIn(_PersonaFields):  # type: ignore[misc,valid-type]
     """A persona's frontmatter as JSON, plus ``body`` (the system prompt). Keys the format does
     not define are kept as ``unknown_fields``. Validated exactly like a persona file."""
 
-    name: NewAgentName
-    description: Text = Field(pattern=r"\S", description="Shown in pickers and the catalog.")
-    when_to_use: Text = Field(pattern=r"\S", description="Spawn hint; line 1 goes in the catalog.")
-    tools: ToolPatterns = Field(default_factory=list)
-    disallowed_tools: ToolPatterns = Field(default_factory=list)
-    permission_mode: PermissionMode = PermissionMode.READ_ONLY
-    max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=0, description="0 means the default.")
-    model: Text = Field(default="", description="LLM id; empty: the organisation default.")
-    critical_reminder: Text = ""
-    initial_prompt: Text = Field(default="", description="Go-template over the spawn context.")
-    background: bool = False
-    omit_claude_md: bool = False
-    metadata: JsonObject = Field(default_factory=dict)
-    body: Text = Field(default="", description="The system prompt, kept verbatim.")
 
-
-class PersonaPatch(_PersonaBody):
+class PersonaPatch(_PatchFields):  # type: ignore[misc,valid-type]
     """Fields to change; the others keep their value. ``null`` resets a field to its default."""
 
-    name: AgentName | None = Field(default=None, description="Must equal the current name.")
-    description: Text | None = None
-    when_to_use: Text | None = None
-    tools: ToolPatterns | None = None
-    disallowed_tools: ToolPatterns | None = None
-    permission_mode: PermissionMode | None = None
-    max_turns: int | None = Field(default=None, ge=0)
-    model: Text | None = None
-    critical_reminder: Text | None = None
-    initial_prompt: Text | None = None
-    background: bool | None = None
-    omit_claude_md: bool | None = None
-    metadata: JsonObject | None = None
-    body: Text | None = None
 
-
-class AgentOut(BaseModel):
+class AgentOut(_AgentFields):  # type: ignore[misc,valid-type]
     """A persona as the registry holds it, with where it came from and whether it can run."""
 
-    name: str
-    description: str
-    when_to_use: str
-    tools: list[str]
-    disallowed_tools: list[str]
-    permission_mode: PermissionMode
-    max_turns: int
-    model: str
-    critical_reminder: str
-    initial_prompt: str
-    background: bool
-    omit_claude_md: bool
-    metadata: dict[str, Any]
-    body: str
-    unknown_fields: dict[str, Any]
-    source: Source | None = Field(description="builtin, disk (a file) or user (the API).")
-    path: str | None = Field(description="The file it was loaded from (disk personas).")
     available: bool
     unavailable_reason: str | None
     shadows: Source | None = Field(description="The source of the persona this one overrides.")
@@ -358,6 +412,10 @@ class AgentChange(AgentOut):
 
     notice: str | None = Field(default=None, description="E.g. which persona it now shadows.")
     registry_version: int
+
+
+#: Keys of :class:`AgentChange` that the registry sets; a persona body must not carry them.
+RESPONSE_ONLY_FIELDS = frozenset(AgentChange.model_fields) - frozenset(PersonaIn.model_fields)
 
 
 class WarningOut(BaseModel):

@@ -247,6 +247,70 @@ def test_lenient_fallback_skips_a_leading_comment() -> None:
     assert parse_persona(text).persona.when_to_use == "Never: ever."
 
 
+COLON = MINIMAL.replace("Never.", "Never: ever.")  # invalid YAML: the fallback reads it
+
+
+@pytest.mark.parametrize("head", [MINIMAL, COLON], ids=["strict", "fallback"])
+def test_an_unclosed_tool_list_is_an_error_not_a_tool(head: str) -> None:
+    # Read as text it would be the tool '[host_probe' and a persona with an empty bag.
+    exc = _error(head + "tools: [host_probe\n---\n")
+    assert [p.field for p in exc.problems] == ["tools"]
+    assert exc.reason.startswith("tools: line 5, column 8: YAML error: while parsing a flow ")
+    assert str(exc) == f"agents/x.md: {exc.reason}"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "where"),
+    [
+        ("metadata:\n  os: [linux\n", "metadata", "line 6, column 7"),
+        ("metadata:\n  requires:\n    bins: [a, b]: c\n", "metadata", "line 7, column 17"),
+        ("disallowed_tools: {a: b\n", "disallowed_tools", "line 5, column 19"),
+        # Keys the format does not define: structure by their shape.
+        ("hooks:\n  PreToolUse: Bash: x\n", "hooks", "line 6, column 19"),
+        ("mcp_servers:\n  - name: a\n  - name: b: c\n", "mcp_servers", "line 7, column 12"),
+        ("color: {shade: [blue}\n", "color", "line 5, column 21"),
+        ("description2: [WIP] Disk: triage\n", "description2", "line 5, column 21"),
+    ],
+)
+def test_broken_lists_and_mappings_name_field_line_and_column(
+    extra: str, field: str, where: str
+) -> None:
+    exc = _error(COLON + extra + "---\n")
+    assert [p.field for p in exc.problems] == [field]
+    assert exc.problems[0].message.startswith(f"{where}: YAML error: ")
+
+
+def test_a_text_field_that_looks_like_a_list_is_still_text() -> None:
+    text = "---\nname: wip\ndescription: [WIP] Disk: triage\nwhen_to_use: Never.\n---\n"
+    parsed = parse_persona(text)
+    assert parsed.persona.description == "[WIP] Disk: triage"
+    assert "description" in parsed.notes[0]
+
+
+def test_every_broken_structure_is_reported_at_once() -> None:
+    exc = _error(COLON + "tools: [a\nmetadata: {os: linux\ncolor: blue\n---\n")
+    assert [p.field for p in exc.problems] == ["tools", "metadata"]
+
+
+def test_scalar_text_keeps_the_fallback_next_to_good_structure() -> None:
+    parsed = parse_persona(
+        COLON
+        + "tools: [host_probe, bash]\nmetadata:\n  os: [linux]\ncolor: **blue**: bold\n"
+        + "effort: - high\n---\n"
+    )
+    p = parsed.persona
+    assert p.when_to_use == "Never: ever."
+    assert p.tools == ["host_probe", "bash"] and p.metadata.os == ["linux"]
+    assert p.unknown_fields == {"color": "**blue**: bold", "effort": "- high"}
+    assert parsed.notes[0].endswith("(keys read as plain text: when_to_use, color, effort)")
+
+
+def test_a_key_yaml_reads_as_another_type_keeps_its_block() -> None:
+    # 'on' is a YAML 1.1 boolean: the block {True: {...}} is still the value of 'on'.
+    parsed = parse_persona(COLON + "on:\n  push: [main]\n---\n")
+    assert parsed.persona.unknown_fields == {"on": {"push": ["main"]}}
+
+
 def test_longer_closing_rule_is_accepted_with_a_note() -> None:
     parsed = parse_persona(MINIMAL + "-----\nBody.\n")
     assert parsed.persona.body == "Body.\n"
