@@ -55,7 +55,7 @@ from workers.celery_app import PING_TASK, make_celery
 from workers.client import SpawnClient
 from workers.events import EventBus
 from workers.messages import Message, TextDelta
-from workers.model import ModelRequest
+from workers.model import ModelRequest, ToolSpec
 
 # --- 3a/3b: event latency in one process ---------------------------------------------------------
 
@@ -253,7 +253,7 @@ def litellm_in_process(b: Bench, body: dict[str, Any], n: int) -> tuple[list, li
     request = ModelRequest(
         model=h.MODEL,
         messages=[Message.model_validate(m) for m in body["messages"]],
-        tools=body.get("tools") or [],
+        tools=[ToolSpec(**t["function"]) for t in body.get("tools") or []],
     )
     lit_wall, lit_cpu, raw_wall, raw_cpu = [], [], [], []
     with httpx.Client(base_url=b.fake_url, timeout=30) as http:

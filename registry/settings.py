@@ -18,14 +18,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from registry.errors import UserError
 
-__all__ = ["DEFAULT_MARKETPLACE_ROOT", "RoleConfig", "Settings", "TokenGrant", "token_digest"]
+__all__ = [
+    "DEFAULT_MARKETPLACE_ROOT",
+    "LOCAL_ADMIN_USER",
+    "LOCAL_TOKEN_ENV",
+    "RoleConfig",
+    "Settings",
+    "TokenGrant",
+    "token_digest",
+]
 
 DEFAULT_MARKETPLACE_ROOT = Path("/var/lib/ongrid/agents")
+#: Names a file holding one token that speaks for :data:`LOCAL_ADMIN_USER` with the role
+#: ``admin``, besides ``auth.tokens``: ``ongrid up`` writes it and points its API process here.
+LOCAL_TOKEN_ENV = "ONGRID_LOCAL_TOKEN_FILE"
+LOCAL_ADMIN_USER = "local-admin"
 
 #: Environment variable → settings field, for the scalar settings.
 _ENV: dict[str, str] = {
     "ONGRID_AGENTS_DIR": "agents_dir",
     "ONGRID_MARKETPLACE_ROOT": "marketplace_root",
+    "ONGRID_SHIPPED_AGENTS": "shipped_agents",
     "ONGRID_DEFAULT_MODEL": "default_model",
     "ONGRID_COORDINATOR_MODEL": "coordinator_model",
     "ONGRID_DEFAULT_PROVIDER": "default_provider",
@@ -43,6 +56,9 @@ _ENV: dict[str, str] = {
     "ONGRID_REPO_ROOT": "repo_root",
     "ONGRID_LEASE_SECONDS": "lease_seconds",
     "ONGRID_SANDBOX_USER": "sandbox_user",
+    "ONGRID_MODEL_RETRIES": "model_retries",
+    "ONGRID_MODEL_RETRY_BASE_SECONDS": "model_retry_base_seconds",
+    "ONGRID_MODEL_RETRY_MAX_SECONDS": "model_retry_max_seconds",
 }
 #: Environment variables holding a path list (``os.pathsep``-separated).
 _ENV_LISTS: dict[str, str] = {
@@ -99,6 +115,9 @@ class Settings(BaseModel):
     agents_dir: Path = Path("agents")
     external_dirs: list[Path] = Field(default_factory=list)
     marketplace_root: Path = DEFAULT_MARKETPLACE_ROOT
+    #: Load the personas shipped with the package (before ./agents, which overrides them by
+    #: name); false: a site runs only its own personas.
+    shipped_agents: bool = True
     roles: dict[str, RoleConfig] = Field(default_factory=_default_roles)
     default_role: str = "admin"
     default_model: str = ""
@@ -128,6 +147,13 @@ class Settings(BaseModel):
     #: How long a worker's claim on a spawn lasts without a heartbeat: after a worker dies, its
     #: spawns are resumed elsewhere within about this time (heartbeat and reaper run faster).
     lease_seconds: float = Field(default=10.0, gt=0)
+    #: How many times a model call that failed for a passing reason (429, 5xx, timeout, lost
+    #: connection) is tried again before the spawn fails; 0: never.
+    model_retries: int = Field(default=4, ge=0, le=100)
+    #: The first retry waits up to this long; each next one up to twice as long (full jitter).
+    model_retry_base_seconds: float = Field(default=1.0, ge=0)
+    #: No wait between attempts is longer, a provider's ``Retry-After`` included.
+    model_retry_max_seconds: float = Field(default=30.0, ge=0)
     #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
     tool_modules: list[str] = Field(default_factory=list)
     #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as
@@ -166,6 +192,7 @@ class Settings(BaseModel):
             raise UserError(f"invalid settings (from {config_path}): extra: expected a mapping")
         known = set(cls.model_fields)
         data["token_grants"] = _token_grants(data.pop("auth", None), config_path)
+        data["token_grants"].update(_local_grant(env.get(LOCAL_TOKEN_ENV)))
         extra = {k: data.pop(k) for k in list(data) if k not in known}
         data.setdefault("extra", {}).update(extra)
         for var, field in _ENV.items():
@@ -213,6 +240,19 @@ def _token_grants(auth: Any, config_path: str | None) -> dict[str, Any]:
             )
         grants[token_digest(token)] = grant
     return grants
+
+
+def _local_grant(path: str | None) -> dict[str, Any]:
+    """The local admin token of :data:`LOCAL_TOKEN_ENV`'s file → its grant by digest."""
+    if not path:
+        return {}
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise UserError(f"cannot read {LOCAL_TOKEN_ENV} {path}: {exc.strerror}") from None
+    if len(token) < 16:
+        raise UserError(f"{LOCAL_TOKEN_ENV} {path}: a token must be at least 16 characters")
+    return {token_digest(token): {"user": LOCAL_ADMIN_USER, "role": "admin"}}
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -1,62 +1,120 @@
 """The litellm adapter: the only module that imports litellm.
 
-litellm fetches its model cost map from the internet at import unless
-``LITELLM_LOCAL_MODEL_COST_MAP`` is set; we set it before the import so the runtime works
-air-gapped. Provider keys come from a :class:`~workers.hardening.ProviderCredentials` (a worker
-takes them out of ``os.environ`` at start) and are passed to each call; other provider variables
-(``OPENAI_API_BASE``…) are read by litellm as it documents them.
+Importing this module touches neither litellm nor the environment; :func:`load` does both, once,
+and every use goes through it (:class:`LitellmModel`, :func:`has_credentials`). litellm fetches
+its model cost map from the internet at import unless ``LITELLM_LOCAL_MODEL_COST_MAP`` is set, so
+:func:`load` sets it first and the runtime works air-gapped. Provider keys come from a
+:class:`~workers.hardening.ProviderCredentials` (a worker takes them out of ``os.environ`` at
+start) and are passed to each call; other provider variables (``OPENAI_API_BASE``…) are read by
+litellm as it documents them.
+
+The project's messages and tool specs become OpenAI's shapes here, which litellm speaks for every
+provider, and litellm's exceptions become :class:`~workers.model.ModelError` with a short cause.
 """
 
 from __future__ import annotations
 
+import email.utils
 import functools
+import logging
 import os
+import sys
+import threading
+import time
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-os.environ.setdefault("LITELLM_LOG", "ERROR")
+from workers.hardening import ProviderCredentials
+from workers.messages import Message, ToolCall, Usage
+from workers.model import ModelError, ModelReply, ModelRequest, ToolSpec, status_cause
 
-from collections.abc import Generator  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
+__all__ = ["LitellmModel", "has_credentials", "load"]
 
-import httpx  # noqa: E402
-import litellm  # noqa: E402
-import openai  # noqa: E402  - litellm's exceptions derive from the OpenAI SDK's
+log = logging.getLogger(__name__)
 
-from workers.hardening import ProviderCredentials  # noqa: E402
-from workers.messages import Message, ToolCall, Usage  # noqa: E402
-from workers.model import ModelError, ModelReply, ModelRequest  # noqa: E402
+_lock = threading.Lock()
+_loaded: ModuleType | None = None
 
-__all__ = ["LitellmModel", "has_credentials"]
-
-litellm.telemetry = False
-litellm.suppress_debug_info = True
-# Per-chunk success logging only feeds litellm callbacks, which the runtime does not use; left on,
-# every streamed chunk costs a thread-pool task. The end-of-stream logging still runs.
-litellm.disable_streaming_logging = True
-# One HTTP connection pool for every model call of the process. litellm's default client keeps
-# httpx's limits (100 connections, 20 kept alive): a worker holding hundreds of spawns would queue
-# its model calls behind 100 sockets and reconnect (a TLS handshake per turn) above 20.
-litellm.client_session = httpx.Client(
-    limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-    timeout=httpx.Timeout(600.0, connect=30.0),
-)
-
-#: Failures worth another attempt: no answer at all, or the statuses the OpenAI SDK retries.
-_RETRYABLE = (
-    litellm.exceptions.RateLimitError,
-    litellm.exceptions.Timeout,
-    litellm.exceptions.APIConnectionError,
-    litellm.exceptions.ServiceUnavailableError,
-    litellm.exceptions.InternalServerError,
-    litellm.exceptions.BadGatewayError,
-)
+#: Statuses worth another attempt besides every 5xx (as the OpenAI SDK retries them).
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+def load() -> ModuleType:
+    """Import and configure litellm, once per process (thread-safe); returns the module.
+
+    ``LITELLM_LOCAL_MODEL_COST_MAP`` and ``LITELLM_LOG`` are set (unless already set) before the
+    import, which reads them.
+    """
+    global _loaded
+    with _lock:
+        if _loaded is not None:
+            return _loaded
+        if "litellm" in sys.modules and not os.environ.get("LITELLM_LOCAL_MODEL_COST_MAP"):
+            log.warning(
+                "litellm was imported before workers._litellm.load() set "
+                "LITELLM_LOCAL_MODEL_COST_MAP: that import may have fetched litellm's model cost "
+                "map from the internet (it fails or stalls on an air-gapped host)"
+            )
+        os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        os.environ.setdefault("LITELLM_LOG", "ERROR")
+        import httpx
+        import litellm
+
+        litellm.telemetry = False
+        litellm.suppress_debug_info = True
+        # Per-chunk success logging only feeds litellm callbacks, which the runtime does not use;
+        # left on, every streamed chunk costs a thread-pool task. End-of-stream logging still runs.
+        litellm.disable_streaming_logging = True
+        # One HTTP connection pool for every model call of the process. litellm's default client
+        # keeps httpx's limits (100 connections, 20 kept alive): a worker holding hundreds of
+        # spawns would queue its model calls behind 100 sockets and reconnect (a TLS handshake
+        # per turn) above 20.
+        litellm.client_session = httpx.Client(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+            timeout=httpx.Timeout(600.0, connect=30.0),
+        )
+        _loaded = litellm
+        return litellm
+
+
+# --- the project's types → OpenAI's shapes ----------------------------------------------------
+
+
+def _openai_message(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+        out["content"] = message.content or None  # OpenAI wants null, not "", beside tool calls
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None and message.role == "tool":
+        out["name"] = message.name
+    return out
+
+
+def _openai_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        },
+    }
+
+
+# --- credentials --------------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=1024)
 def _provider(model_id: str) -> str | None:
     """litellm's provider of ``model_id``; ``None`` for a provider it does not know."""
+    litellm = load()
     try:
         return str(litellm.get_llm_provider(model_id)[1])
     except Exception:  # noqa: BLE001 - litellm raises BadRequestError for an unknown provider
@@ -76,9 +134,12 @@ def has_credentials(model_id: str, credentials: ProviderCredentials | None = Non
     if credentials is not None and credentials.for_provider(provider):
         return True
     try:
-        return bool(litellm.validate_environment(model=model_id)["keys_in_environment"])
+        return bool(load().validate_environment(model=model_id)["keys_in_environment"])
     except Exception:  # noqa: BLE001 - an unknown provider is simply "not configured"
         return False
+
+
+# --- the streamed reply -------------------------------------------------------------------------
 
 
 @dataclass
@@ -178,7 +239,7 @@ def _cost_of(chunk: Any, usage: Any) -> float | None:
 def _price(model: str, prompt: int, completion: int) -> float:
     """Fallback when litellm stamped no cost: its price table, or 0.0 for an unpriced model."""
     try:
-        prompt_cost, completion_cost = litellm.cost_per_token(
+        prompt_cost, completion_cost = load().cost_per_token(
             model=model, prompt_tokens=prompt, completion_tokens=completion
         )
     except Exception:  # noqa: BLE001 - no price known for this model: cost unknown, not an error
@@ -189,7 +250,9 @@ def _price(model: str, prompt: int, completion: int) -> float:
 class LitellmModel:
     """Streams a chat completion through litellm and rebuilds the full reply from the chunks.
 
-    ``max_retries`` is handed to the provider client (the OpenAI SDK retries twice by default);
+    ``max_retries`` is handed to the provider client and is 0 by default: the runtime retries
+    failed calls itself (:class:`~workers.model.RetryingModel`), with its own bounds, and reports
+    each attempt; the OpenAI SDK's own retries would multiply those and stay invisible.
     ``credentials`` supply each provider's key; ``api_base`` / ``api_key`` override both them and
     the provider's environment variables.
     """
@@ -198,11 +261,12 @@ class LitellmModel:
         self,
         *,
         timeout: float = 600.0,
-        max_retries: int | None = None,
+        max_retries: int = 0,
         api_base: str | None = None,
         api_key: str | None = None,
         credentials: ProviderCredentials | None = None,
     ) -> None:
+        load()
         self.timeout = timeout
         self.credentials = credentials or ProviderCredentials()
         options = {"max_retries": max_retries, "api_base": api_base, "api_key": api_key}
@@ -214,13 +278,17 @@ class LitellmModel:
         return {**given, **self.options}
 
     def stream(self, request: ModelRequest) -> Generator[str | ModelReply, None, None]:
+        import httpx
+        import openai  # litellm's exceptions derive from the OpenAI SDK's
+
+        litellm = load()
         reply = _Reply()
         response: Any = None
         try:
             response = litellm.completion(
                 model=request.model,
-                messages=[m.to_openai() for m in request.messages],
-                tools=request.tools or None,
+                messages=[_openai_message(m) for m in request.messages],
+                tools=[_openai_tool(t) for t in request.tools] or None,
                 stream=True,
                 stream_options={"include_usage": True},
                 timeout=self.timeout,
@@ -232,38 +300,132 @@ class LitellmModel:
                     yield text
                 if reply.complete:
                     break  # iterating on would only make litellm rebuild the response again
-        except openai.OpenAIError as exc:
-            raise _model_error(request.model, exc) from exc
+        except (openai.OpenAIError, httpx.HTTPError) as exc:
+            raise _model_error(request.model, exc, self.timeout) from exc
         finally:
             close = getattr(response, "close", None)
             if callable(close):
                 close()
         if reply.finish_reason is None and not reply.text and not reply.calls:
-            raise ModelError(request.model, "empty response stream", retryable=True)
+            raise ModelError(
+                request.model, "empty response stream", retryable=True, cause="empty response"
+            )
         message = reply.message()
         finish = reply.finish_reason or ("tool_calls" if message.tool_calls else "stop")
         yield ModelReply(message=message, usage=reply.to_usage(request.model), finish_reason=finish)
 
 
-def _model_error(model: str, exc: Exception) -> ModelError:
+# --- litellm's exceptions → ModelError ----------------------------------------------------------
+
+
+def _model_error(model: str, exc: Exception, timeout: float) -> ModelError:
     status = _status(exc)
-    retryable = isinstance(exc, _RETRYABLE) or (
+    retryable = isinstance(exc, _retryable_types()) or (
         status is not None and (status in _RETRYABLE_STATUS or status >= 500)
     )
-    return ModelError(model, str(exc), status=status, retryable=retryable)
+    return ModelError(
+        model,
+        str(exc),
+        status=status,
+        retryable=retryable,
+        cause=_cause(exc, status, timeout),
+        retry_after=_retry_after(exc),
+    )
+
+
+def _retryable_types() -> tuple[type[BaseException], ...]:
+    """Failures worth another attempt: no answer at all, or the statuses the OpenAI SDK retries."""
+    import httpx
+
+    errors = load().exceptions
+    return (
+        errors.RateLimitError,
+        errors.Timeout,
+        errors.APIConnectionError,
+        errors.ServiceUnavailableError,
+        errors.InternalServerError,
+        errors.BadGatewayError,
+        httpx.TransportError,
+    )
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it, outermost first."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = exc
+    while cause is not None and len(chain) < 10:  # short; the bound guards against a cycle
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return chain
+
+
+def _cause(exc: BaseException, status: int | None, timeout: float) -> str:
+    """What went wrong in a few words: ``429 rate limited``, ``connection reset``…"""
+    import httpx
+    import openai
+
+    if isinstance(exc, load().exceptions.ContextWindowExceededError):
+        return "context length exceeded"
+    chain = _chain(exc)
+    # Most precise first: the socket's own error says more than the HTTP client's wrapper of it.
+    checks: list[tuple[Any, str]] = [
+        (
+            openai.APITimeoutError | httpx.TimeoutException | TimeoutError,
+            f"timeout after {timeout:g} s",
+        ),
+        (ConnectionResetError, "connection reset"),
+        (ConnectionRefusedError, "connection refused"),
+        (httpx.RemoteProtocolError, ""),
+        (httpx.ConnectError, "cannot connect"),
+    ]
+    for kind, words in checks:
+        link = next((link for link in chain if isinstance(link, kind)), None)
+        if link is None:
+            continue
+        if words:
+            return words
+        if "complete message body" in str(link):
+            return "connection closed mid-reply"
+        return "connection closed without a response"
+    if status is not None:
+        return status_cause(status)
+    if any(isinstance(link, openai.APIConnectionError) for link in chain):
+        return "connection error"
+    return type(exc).__name__
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The wait the provider asked for, in seconds: ``retry-after-ms`` or ``Retry-After``
+    (seconds or an HTTP date); ``None`` when it sent neither."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        headers = getattr(exc, "litellm_response_headers", None)
+    if headers is None:
+        return None
+    try:
+        if (ms := headers.get("retry-after-ms")) is not None:
+            return max(float(ms) / 1000, 0.0)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(float(value), 0.0)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(when.timestamp() - time.time(), 0.0)
+    except (TypeError, ValueError, AttributeError):
+        return None  # a header we cannot read is no instruction
 
 
 def _status(exc: BaseException) -> int | None:
     """The provider's HTTP status; ``None`` when no response came back (litellm reports a
     refused connection as status 500)."""
-    cause: BaseException | None = exc
-    for _ in range(10):  # the chain is short; the bound guards against a cycle
-        if cause is None:
-            break
-        if isinstance(cause, openai.APIConnectionError) and not isinstance(
-            cause, openai.APITimeoutError
+    import openai
+
+    for link in _chain(exc):
+        if isinstance(link, openai.APIConnectionError) and not isinstance(
+            link, openai.APITimeoutError
         ):
             return None
-        cause = cause.__cause__ or cause.__context__
     status = getattr(exc, "status_code", None)
     return status if isinstance(status, int) else None

@@ -110,7 +110,7 @@ def _call(name: str, args: dict[str, object], turn: int) -> ModelReply:
 
 class DemoModel:
     def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
-        offered = {t["function"]["name"] for t in request.tools}
+        offered = {t.name for t in request.tools}
         turn = sum(1 for m in request.messages if m.role == "assistant")
         results = [m for m in request.messages if m.role == "tool"]
         if _AGENT_TOOL in offered:

@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from registry.errors import ToolArgumentError
+from registry.errors import RunError, ToolArgumentError
 from registry.policy import Confirmation, ToolBag
 from registry.tools import ToolContext
 from workers.messages import (
@@ -36,7 +36,7 @@ from workers.messages import (
     ToolResultEvent,
     Usage,
 )
-from workers.model import Model, ModelReply, ModelRequest
+from workers.model import Model, ModelReply, ModelRequest, ToolSpec
 
 __all__ = ["Approval", "LoopSetup", "LoopState", "Outcome", "run_loop", "system_reminder_message"]
 
@@ -46,6 +46,9 @@ class Approval(BaseModel):
 
     approved_by: list[str] = Field(default_factory=list)
     denied_by: str | None = None
+    #: Different people who must approve (2 for a destructive call): the deciding side resumes
+    #: the spawn once that many have, or one has denied it.
+    needed: int = 1
 
 
 class LoopState(BaseModel):
@@ -92,18 +95,8 @@ def system_reminder_message(reminder: str) -> Message:
     return Message(role="user", content=f"<system-reminder>\n{reminder}\n</system-reminder>")
 
 
-def _tool_schemas(bag: ToolBag) -> list[dict[str, object]]:
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": e.tool.name,
-                "description": e.tool.description,
-                "parameters": e.tool.parameters,
-            },
-        }
-        for e in bag
-    ]
+def _tool_specs(bag: ToolBag) -> list[ToolSpec]:
+    return [ToolSpec(e.tool.name, e.tool.description, e.tool.parameters) for e in bag]
 
 
 def _distinct_ids(calls: list[ToolCall], history: list[Message], turn: int) -> list[ToolCall]:
@@ -145,7 +138,7 @@ class _Run:
         request = ModelRequest(
             model=self.setup.model_id,
             messages=[*self.state.messages, system_reminder_message(self.setup.reminder)],
-            tools=_tool_schemas(self.setup.bag),
+            tools=_tool_specs(self.setup.bag),
         )
         reply: ModelReply | None = None
         for item in model.stream(request):
@@ -209,6 +202,7 @@ class _Run:
             return None
         approval = self.state.approvals.get(call.id, Approval())
         needed = 2 if entry.confirmation is Confirmation.DUAL else 1
+        approval.needed = needed
         if approval.denied_by is not None or len(set(approval.approved_by)) >= needed:
             return None
         if call.id not in self.state.approvals:
@@ -245,6 +239,8 @@ class _Run:
             result = entry.tool.run(args, context)
         except ToolArgumentError as exc:
             return str(exc), True
+        except RunError:
+            raise  # the run itself stops (e.g. its worker shuts down): not an observation
         except Exception as exc:  # noqa: BLE001 - a failing tool is an observation, not a crash
             return f"{call.name} failed: {type(exc).__name__}: {exc}", True
         return result.content, result.is_error

@@ -35,31 +35,15 @@ class ToolCall(BaseModel):
 
 
 class Message(BaseModel):
-    """One chat message in OpenAI's shape, which litellm speaks for every provider."""
+    """One chat message. A ``tool`` message answers the call ``tool_call_id`` of tool ``name``;
+    an ``assistant`` message may carry ``tool_calls``. Adapters translate it to their provider's
+    shape."""
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     name: str | None = None
-
-    def to_openai(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": self.role, "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in self.tool_calls
-            ]
-            out["content"] = self.content or None
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.name is not None and self.role == "tool":
-            out["name"] = self.name
-        return out
 
 
 class Usage(BaseModel):
@@ -106,6 +90,9 @@ class AgentTile(_Envelope):
     tools: list[dict[str, Any]] = Field(default_factory=list)
     reason: str = ""
     background: bool = False
+    #: Context keys the persona's initial prompt needed and the spawn lacked (rendered
+    #: ``<no value>``).
+    missing_context: list[str] = Field(default_factory=list)
 
 
 class ToolCallEvent(_Envelope):

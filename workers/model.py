@@ -1,30 +1,63 @@
-"""The narrow interface the run loop knows a model by, and how a persona's model is chosen.
+"""The narrow interface the run loop knows a model by, how a persona's model is chosen, and how a
+failed model call is tried again.
 
-The loop calls :meth:`Model.stream` and gets text deltas (``str``) followed by one
-:class:`ModelReply`. Adapters translate a provider's types into these: :mod:`workers._litellm`
-for every real model, :mod:`workers.demo_model` for the offline demo.
+The loop calls :meth:`Model.stream` with a :class:`ModelRequest` (the project's own messages and
+:class:`ToolSpec` tool descriptions) and gets text deltas (``str``) followed by one
+:class:`ModelReply`. Adapters translate these to and from a provider's types:
+:mod:`workers._litellm` for every real model, :mod:`workers.demo_model` for the offline demo.
+:class:`RetryingModel` wraps any of them to retry the calls that failed for a passing reason.
 """
 
 from __future__ import annotations
 
+import itertools
+import random
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, Protocol
 
 from registry.errors import OngridError
 from workers.messages import Message, Usage
 
-__all__ = ["DEMO_MODEL", "Model", "ModelError", "ModelReply", "ModelRequest", "resolve_model_id"]
+if TYPE_CHECKING:
+    from registry.settings import Settings
+
+__all__ = [
+    "DEMO_MODEL",
+    "Model",
+    "ModelError",
+    "ModelReply",
+    "ModelRequest",
+    "RetryAbandoned",
+    "RetryPolicy",
+    "RetryingModel",
+    "ToolSpec",
+    "resolve_model_id",
+    "status_cause",
+]
 
 #: The model id of the offline demo model (deterministic, not an LLM).
 DEMO_MODEL = "ongrid/demo"
 
 
 @dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model is told about it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """The JSON schema of the tool's arguments."""
+
+
+@dataclass(frozen=True)
 class ModelRequest:
     model: str
     messages: list[Message]
-    tools: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[ToolSpec] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -34,18 +67,183 @@ class ModelReply:
     finish_reason: str = "stop"
 
 
-class ModelError(OngridError):
-    """A model call that failed: which model, the provider's status (if any), retryable or not."""
+#: Short words for the statuses providers fail with (``status_cause``); others use HTTP's phrase.
+_STATUS_WORDS = {
+    400: "bad request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not found",
+    408: "request timeout",
+    409: "conflict",
+    429: "rate limited",
+    500: "internal server error",
+    502: "bad gateway",
+    503: "service unavailable",
+    504: "gateway timeout",
+    529: "overloaded",
+}
 
-    def __init__(self, model: str, message: str, *, status: int | None = None, retryable: bool):
+
+def status_cause(status: int) -> str:
+    """``429 rate limited``, ``503 service unavailable``: a provider's status in a few words."""
+    try:
+        words = _STATUS_WORDS.get(status) or HTTPStatus(status).phrase.lower()
+    except ValueError:
+        words = "error"
+    return f"{status} {words}"
+
+
+class ModelError(OngridError):
+    """A model call that failed: which model, the provider's status (if any), retryable or not.
+
+    ``cause`` says in a few words what happened (``429 rate limited``, ``timeout after 60 s``,
+    ``connection reset``); ``retry_after`` is the wait in seconds the provider asked for.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool,
+        cause: str = "",
+        retry_after: float | None = None,
+    ):
         self.model, self.status, self.retryable = model, status, retryable
+        self.detail = message
+        self.cause = cause or (status_cause(status) if status else message[:80])
+        self.retry_after = retry_after
         super().__init__(f"model {model}: {message}" + (f" (status {status})" if status else ""))
+
+
+class RetryAbandoned(ModelError):
+    """The wait before another attempt was cut short: the stop event was set."""
 
 
 class Model(Protocol):
     def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
         """Yield text deltas as they arrive, then exactly one :class:`ModelReply`."""
         ...
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often, and how long apart, a model call that failed for a passing reason is retried.
+
+    The wait before retry *n* is drawn uniformly from 0 to ``base_seconds`` · 2^(n-1) ("full
+    jitter": many spawns hit by one outage do not come back in step), at most ``max_seconds``;
+    a provider's ``Retry-After`` replaces the draw, bounded by ``max_seconds`` as well.
+    """
+
+    retries: int = 4
+    """Attempts after the first; 0 turns retrying off."""
+    base_seconds: float = 1.0
+    max_seconds: float = 30.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetryPolicy:
+        return cls(
+            retries=settings.model_retries,
+            base_seconds=settings.model_retry_base_seconds,
+            max_seconds=settings.model_retry_max_seconds,
+        )
+
+    def delay(self, retry: int, retry_after: float | None, rng: random.Random) -> float:
+        """Seconds to wait before retry number ``retry`` (1 for the first)."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_seconds)
+        # The exponent is bounded: past 2^60 the cap is max_seconds anyway.
+        ceiling = min(self.max_seconds, self.base_seconds * 2.0 ** min(retry - 1, 60))
+        return rng.uniform(0.0, ceiling)
+
+
+class RetryingModel:
+    """A :class:`Model` that retries its inner model's retryable failures with backoff.
+
+    A call is retried only while it has streamed no text: text already shown cannot be taken
+    back, and a second attempt would stream its own, different text after it. A call that
+    fails after streaming, or on a non-retryable error, or past ``policy.retries`` retries,
+    raises a :class:`ModelError` that lists every attempt. ``stop``, when set, ends a wait at
+    once with :class:`RetryAbandoned`.
+    """
+
+    def __init__(
+        self,
+        inner: Model,
+        policy: RetryPolicy,
+        *,
+        stop: threading.Event | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.inner, self.policy = inner, policy
+        self._stop = stop if stop is not None else threading.Event()
+        self._rng = rng or random.Random()
+
+    def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
+        failures: list[ModelError] = []
+        started = time.monotonic()
+        while True:
+            streamed = False
+            attempt: Iterator[str | ModelReply] | None = None
+            try:
+                attempt = self.inner.stream(request)
+                for item in attempt:
+                    streamed = streamed or (isinstance(item, str) and item != "")
+                    yield item
+                return
+            except ModelError as exc:
+                failures.append(exc)
+                why_not = self._why_not_retry(exc, streamed, len(failures))
+                if why_not is not None:
+                    error = self._failed(request.model, failures, started, why_not)
+                    if error is exc:
+                        raise
+                    raise error from exc
+            finally:
+                close = getattr(attempt, "close", None)
+                if callable(close):
+                    close()
+            wait = self.policy.delay(len(failures), failures[-1].retry_after, self._rng)
+            if self._stop.wait(wait):
+                note = "; retry abandoned: stop requested"
+                error = self._failed(request.model, failures, started, note)
+                raise RetryAbandoned(
+                    request.model,
+                    error.detail,
+                    status=error.status,
+                    retryable=True,
+                    cause=error.cause,
+                ) from failures[-1]
+
+    def _why_not_retry(self, exc: ModelError, streamed: bool, attempts: int) -> str | None:
+        """``None`` to retry; otherwise what to add to the failure's message ("" for nothing)."""
+        if not exc.retryable or attempts > self.policy.retries:
+            return ""
+        if streamed:
+            return "; not retried: part of the reply had already been streamed"
+        return None
+
+    def _failed(
+        self, model: str, failures: list[ModelError], started: float, note: str
+    ) -> ModelError:
+        last = failures[-1]
+        if len(failures) == 1 and not note:
+            return last
+        causes = ", ".join(
+            cause + (f" ×{n}" if (n := len(list(group))) > 1 else "")
+            for cause, group in itertools.groupby(f.cause for f in failures)
+        )
+        attempts = f"{len(failures)} attempt{'s' if len(failures) > 1 else ''}"
+        elapsed = time.monotonic() - started
+        return ModelError(
+            model,
+            f"call failed after {attempts} over {elapsed:.1f} s: {causes}{note}; "
+            f"last error: {last.detail}",
+            status=last.status,
+            retryable=last.retryable,
+            cause=last.cause,
+        )
 
 
 def resolve_model_id(

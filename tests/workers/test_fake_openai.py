@@ -226,3 +226,121 @@ def test_holds_many_slow_requests_at_once() -> None:
         server.release("gate")
         answers = [r.choices[0].message.content for r in replies]
     assert answers == ["done"] * 50
+
+
+# --- scripted failures ---------------------------------------------------------------------------
+
+
+def chat(server: FakeOpenAI, text: str = "hi", **body: Any) -> httpx.Response:
+    payload = {"model": "fake", "messages": user(text), **body}
+    return httpx.post(f"{server.base_url}/chat/completions", json=payload, timeout=30)
+
+
+def test_times_answers_that_many_requests_then_falls_through() -> None:
+    rules = [
+        {"match": "disk", "times": 2, "reply": {"content": "first two"}},
+        {"match": "disk", "reply": {"content": "the rest"}},
+    ]
+    with FakeOpenAI(rules) as server:
+        answers = [chat(server, "disk?").json()["choices"][0]["message"]["content"] for _ in "abc"]
+        assert answers == ["first two", "first two", "the rest"]
+        # A request the rule does not match does not use it up; new rules start afresh.
+        server.set_script(rules)
+        assert chat(server, "cpu?").json()["choices"][0]["message"]["content"] == DEFAULT_REPLY
+        assert chat(server, "disk?").json()["choices"][0]["message"]["content"] == "first two"
+
+
+def test_an_error_status_with_retry_after_then_an_answer() -> None:
+    rules = [
+        {"times": 2, "fail": {"status": 429, "retry_after": 7}},
+        {"times": 1, "fail": {"status": 503, "message": "overloaded, try later"}},
+        {"reply": {"content": "finally"}},
+    ]
+    with FakeOpenAI(rules) as server:
+        first, second, third = (chat(server) for _ in range(3))
+        assert first.status_code == second.status_code == 429
+        assert first.headers["retry-after"] == "7"
+        assert first.json()["error"]["message"] == "rate limit exceeded"
+        assert third.status_code == 503 and "retry-after" not in third.headers
+        assert third.json()["error"]["message"] == "overloaded, try later"
+        # litellm reads the error as the provider's: a rate limit, then the answer.
+        answer = complete(server.base_url, user("hi"), stream=False)
+        assert answer.choices[0].message.content == "finally"
+        assert len(server.requests()) == 4
+
+
+def test_error_status_of_a_streamed_request() -> None:
+    rules = [{"fail": {"status": 500}}]
+    with FakeOpenAI(rules) as server, pytest.raises(litellm.exceptions.InternalServerError):
+        list(complete(server.base_url, user("hi"), stream=True, max_retries=0))
+
+
+@pytest.mark.parametrize(
+    ("how", "error"), [("close", httpx.RemoteProtocolError), ("reset", httpx.ReadError)]
+)
+def test_drop_closes_the_connection_without_a_response(how: str, error: type) -> None:
+    rules = [{"times": 1, "fail": {"drop": how}}, {"reply": {"content": "back"}}]
+    with FakeOpenAI(rules) as server:
+        with pytest.raises(error) as caught:
+            chat(server)
+        if how == "reset":
+            assert "reset" in str(caught.value).lower()
+        assert chat(server).json()["choices"][0]["message"]["content"] == "back"
+        assert len(server.requests()) == 2
+
+
+def streamed_words(server: FakeOpenAI, seen: list[str]) -> None:
+    """Read a streamed reply's text deltas into ``seen`` as they arrive."""
+    payload = {"model": "fake", "messages": user("hi"), "stream": True}
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=payload) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                    if choice["delta"].get("content"):
+                        seen.append(choice["delta"]["content"])
+
+
+@pytest.mark.parametrize(
+    ("how", "error"), [("close", httpx.RemoteProtocolError), ("reset", httpx.ReadError)]
+)
+def test_drop_after_chunks_cuts_a_stream_short(how: str, error: type) -> None:
+    rules = [
+        {"times": 1, "reply": {"content": POEM}, "fail": {"drop": how, "after_chunks": 3}},
+        {"reply": {"content": POEM}},
+    ]
+    with FakeOpenAI(rules) as server:
+        seen: list[str] = []
+        with pytest.raises(error):
+            streamed_words(server, seen)
+        assert seen == ["roses ", "are "]  # the role chunk, then two words, then the drop
+        whole: list[str] = []
+        streamed_words(server, whole)
+        assert "".join(whole) == POEM
+
+
+def test_a_non_streamed_request_is_dropped_before_the_reply() -> None:
+    rules = [{"reply": {"content": POEM}, "fail": {"drop": "close", "after_chunks": 3}}]
+    with FakeOpenAI(rules) as server, pytest.raises(httpx.RemoteProtocolError):
+        chat(server)
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        ({"match": "x"}, "a rule needs a reply or a fail"),
+        ({"fail": {}}, "exactly one of status or drop"),
+        ({"fail": {"status": 429, "drop": "reset"}}, "exactly one of status or drop"),
+        ({"fail": {"drop": "reset", "retry_after": 1}}, "retry_after needs status"),
+        ({"fail": {"status": 503, "after_chunks": 2}}, "after_chunks needs drop"),
+        ({"fail": {"status": 200}}, "greater than or equal to 400"),
+        ({"fail": {"drop": "explode"}}, "'close' or 'reset'"),
+        ({"times": 0, "reply": {"content": "x"}}, "greater than or equal to 1"),
+    ],
+)
+def test_invalid_failure_rules_are_refused(rule: dict[str, Any], problem: str) -> None:
+    with FakeOpenAI() as server:
+        root = server.base_url.removesuffix("/v1")
+        refused = httpx.post(f"{root}/_script", json=[rule])
+        assert refused.status_code == 500
+        assert problem in refused.json()["error"]["message"]
+        assert chat(server).json()["choices"][0]["message"]["content"] == DEFAULT_REPLY

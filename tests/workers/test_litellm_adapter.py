@@ -19,26 +19,38 @@ from typing import Any
 
 import pytest
 
-from workers._litellm import LitellmModel, _Reply, has_credentials, litellm
+from workers._litellm import (
+    LitellmModel,
+    _openai_message,
+    _openai_tool,
+    _Reply,
+    has_credentials,
+    load,
+)
 from workers.hardening import ProviderCredentials
 from workers.messages import Message, ToolCall, Usage
-from workers.model import ModelError, ModelReply, ModelRequest
+from workers.model import ModelError, ModelReply, ModelRequest, ToolSpec
 from workers.testing.fake_openai import FakeOpenAI
+
+litellm = load()
 
 MODEL = "openai/gpt-4o-mini"
 ANSWER = "The disk on db-1 is full: /var is at 100%."
 PROBE_ARGS = {"section": "disk", "host": "db-1"}
-TOOLS = [
+PROBE_SCHEMA = {
+    "type": "object",
+    "properties": {"section": {"type": "string"}, "host": {"type": "string"}},
+    "required": ["section"],
+}
+TOOLS = [ToolSpec("host_probe", "Probe a host.", PROBE_SCHEMA)]
+#: TOOLS as the provider receives them.
+OPENAI_TOOLS = [
     {
         "type": "function",
         "function": {
             "name": "host_probe",
             "description": "Probe a host.",
-            "parameters": {
-                "type": "object",
-                "properties": {"section": {"type": "string"}, "host": {"type": "string"}},
-                "required": ["section"],
-            },
+            "parameters": PROBE_SCHEMA,
         },
     }
 ]
@@ -72,7 +84,7 @@ def point_at(monkeypatch: pytest.MonkeyPatch, base_url: str) -> None:
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
 
 
-def request(*messages: Message, tools: list[dict[str, Any]] | None = None) -> ModelRequest:
+def request(*messages: Message, tools: list[ToolSpec] | None = None) -> ModelRequest:
     history = [Message(role="system", content="You investigate."), *messages]
     return ModelRequest(model=MODEL, messages=history, tools=TOOLS if tools is None else tools)
 
@@ -101,7 +113,7 @@ def test_text_streams_in_deltas_then_one_reply(fake: FakeOpenAI) -> None:
     (sent,) = fake.requests()
     assert sent["model"] == "gpt-4o-mini" and sent["stream"] is True
     assert sent["stream_options"] == {"include_usage": True}
-    assert sent["tools"] == TOOLS
+    assert sent["tools"] == OPENAI_TOOLS
     assert [m["role"] for m in sent["messages"]] == ["system", "user"]
 
 
@@ -175,9 +187,9 @@ def test_a_second_turn_with_tool_history_is_accepted(fake: FakeOpenAI) -> None:
     ]
 
 
-def test_to_openai_shapes() -> None:
+def test_openai_shapes() -> None:
     call = ToolCall(id="c1", name="host_probe", arguments='{"section": "disk"}')
-    assert Message(role="assistant", tool_calls=[call]).to_openai() == {
+    assert _openai_message(Message(role="assistant", tool_calls=[call])) == {
         "role": "assistant",
         "content": None,  # OpenAI wants null, not "", beside tool calls
         "tool_calls": [
@@ -189,16 +201,23 @@ def test_to_openai_shapes() -> None:
         ],
     }
     tool = Message(role="tool", content="ok", tool_call_id="c1", name="host_probe")
-    assert tool.to_openai() == {
+    assert _openai_message(tool) == {
         "role": "tool",
         "content": "ok",
         "tool_call_id": "c1",
         "name": "host_probe",
     }
-    assert Message(role="user", content="hi", name="bob").to_openai() == {
+    assert _openai_message(Message(role="user", content="hi", name="bob")) == {
         "role": "user",
         "content": "hi",
     }
+    assert (
+        _openai_message(Message(role="assistant", content="Checking.", tool_calls=[call]))[
+            "content"
+        ]
+        == "Checking."
+    )
+    assert [_openai_tool(t) for t in TOOLS] == OPENAI_TOOLS
 
 
 def test_api_base_and_key_can_be_passed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,22 +336,36 @@ def fail(model: LitellmModel, req: ModelRequest | None = None) -> ModelError:
 
 
 @pytest.mark.parametrize(
-    ("status", "retryable"),
-    [(500, True), (502, True), (503, True), (429, True), (400, False), (401, False), (404, False)],
+    ("status", "retryable", "cause"),
+    [
+        (500, True, "500 internal server error"),
+        (502, True, "502 bad gateway"),
+        (503, True, "503 service unavailable"),
+        (429, True, "429 rate limited"),
+        (400, False, "400 bad request"),
+        (401, False, "401 unauthorized"),
+        (404, False, "404 not found"),
+    ],
 )
 def test_http_errors_become_model_errors(
-    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer, status: int, retryable: bool
+    monkeypatch: pytest.MonkeyPatch,
+    error_server: ErrorServer,
+    status: int,
+    retryable: bool,
+    cause: str,
 ) -> None:
     point_at(monkeypatch, error_server.url)
     error_server.status = status
-    error = fail(LitellmModel(max_retries=0))
+    error = fail(LitellmModel())
     assert error.status == status
     assert error.retryable is retryable
+    assert error.cause == cause
+    assert error.retry_after is None  # the server sent no Retry-After
     assert "upstream exploded" in str(error)
-    assert len(error_server.hits) == 1  # max_retries=0: one request, no SDK retry
+    assert len(error_server.hits) == 1  # the SDK's own retries are off by default
 
 
-def test_the_sdk_retries_a_500_by_default(
+def test_the_sdk_retries_only_when_asked(
     monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer
 ) -> None:
     point_at(monkeypatch, error_server.url)
@@ -349,6 +382,7 @@ def test_connection_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     assert error.retryable
     assert error.status is None  # litellm says 500; no server answered at all
     assert "Connection error" in str(error)
+    assert error.cause == "connection refused"
 
 
 def test_timeout(monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer) -> None:
@@ -359,6 +393,7 @@ def test_timeout(monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer) -> 
     error = fail(LitellmModel(timeout=0.5, max_retries=0))
     assert error_server.hits == ["/v1/chat/completions"] and error_server.answered == []
     assert error.retryable
+    assert error.cause == "timeout after 0.5 s"
 
 
 def test_an_unknown_provider_is_a_model_error(fake: FakeOpenAI) -> None:
@@ -415,11 +450,12 @@ GUARD = textwrap.dedent(
     socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
     socket.create_connection, socket.getaddrinfo = create_connection, getaddrinfo
 
-    from workers._litellm import LitellmModel, has_credentials, litellm
+    from workers._litellm import LitellmModel, has_credentials, load
     from workers.messages import Message
     from workers.model import ModelRequest
     from workers.testing.fake_openai import FakeOpenAI
 
+    litellm = load()
     configured = has_credentials("openai/gpt-4o-mini")
     with FakeOpenAI([{"reply": {"content": "offline answer"}}]) as fake:
         model = LitellmModel(api_base=fake.base_url, api_key="sk-test", max_retries=0)
@@ -486,3 +522,70 @@ def test_keys_come_from_the_credentials_when_the_environment_has_none(
     assert reply.message.content
     assert fake.key_digests() == [hashlib.sha256(key.encode()).hexdigest()]
     assert "sk-handed-in" not in repr(credentials)
+
+
+# --- loading: nothing at import ------------------------------------------------------------------
+
+IMPORT_ONLY = textwrap.dedent(
+    """
+    import json, os, sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = dict(os.environ)
+    import workers._litellm as adapter
+    after_import = dict(os.environ)
+    imported_litellm = "litellm" in sys.modules
+    with ThreadPoolExecutor(8) as pool:  # concurrent first calls: one import, one module
+        modules = list(pool.map(lambda _: adapter.load(), range(8)))
+    after_load = dict(os.environ)
+    print(json.dumps({
+        "unchanged_by_import": after_import == before,
+        "litellm_at_import": imported_litellm,
+        "litellm_after_load": "litellm" in sys.modules,
+        "one_module": len({id(m) for m in modules}) == 1 and modules[0] is sys.modules["litellm"],
+        "added": {k: v for k, v in after_load.items() if k not in before},
+        "changed": [k for k in before if after_load.get(k) != before[k]],
+        "cost_entries": len(sys.modules["litellm"].model_cost),
+    }))
+    """
+)
+
+IMPORTED_EARLY = textwrap.dedent(
+    """
+    import logging, sys, types
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    sys.modules["litellm"] = types.ModuleType("litellm")  # someone imported it without the map
+    from workers._litellm import load
+
+    load()
+    """
+)
+
+
+def run_clean(code: str) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter whose environment holds nothing of the suite's."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home())}
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root, timeout=120
+    )
+
+
+def test_importing_the_adapter_changes_nothing_until_load() -> None:
+    done = run_clean(IMPORT_ONLY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["unchanged_by_import"] is True
+    assert report["litellm_at_import"] is False
+    assert report["litellm_after_load"] is True and report["one_module"] is True
+    assert report["added"] == {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+    assert report["changed"] == []
+    assert report["cost_entries"] > 100  # the map shipped with litellm was read
+
+
+def test_load_warns_when_litellm_was_imported_before_it() -> None:
+    done = run_clean(IMPORTED_EARLY)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "WARNING workers._litellm litellm was imported before" in done.stderr
+    assert "LITELLM_LOCAL_MODEL_COST_MAP" in done.stderr

@@ -23,7 +23,7 @@ from workers.messages import (
     ToolResultEvent,
     Usage,
 )
-from workers.model import Model, ModelReply, ModelRequest
+from workers.model import Model, ModelReply, ModelRequest, ToolSpec
 from workers.testing.scripted_model import (
     ScriptedModel,
     call,
@@ -203,12 +203,12 @@ def test_tool_schemas_come_from_the_bag(tools: Tools) -> None:
     assert bag.names() == ["read_metric", "restart_service", "flaky_backend"]
     model = ScriptedModel(["ok"])
     Run(bag)(model)
-    schemas = model.requests[0].tools
-    assert [s["function"]["name"] for s in schemas] == bag.names()
-    read = schemas[0]
-    assert read["type"] == "function"
-    assert read["function"]["description"] == "Read a metric's average over the last minutes."
-    params = read["function"]["parameters"]
+    specs = model.requests[0].tools
+    assert all(type(s) is ToolSpec for s in specs)  # the project's type, no provider's shape
+    assert [s.name for s in specs] == bag.names()
+    read = specs[0]
+    assert read.description == "Read a metric's average over the last minutes."
+    params = read.parameters
     assert params["required"] == ["metric"]
     assert set(params["properties"]) == {"metric", "window_minutes"}
     assert params["additionalProperties"] is False

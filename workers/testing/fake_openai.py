@@ -9,11 +9,23 @@ changes) or set with ``POST /_script``::
      {"match": "ping", "reply": {"echo": true}}]
 
 ``where`` is ``any`` (all message contents), ``last_user`` or ``system``; ``turn`` is the number of
-assistant messages already in the conversation; a rule ``delay`` replaces the global one. Other
-endpoints: ``GET /v1/models``, ``GET /_requests`` (every request body, in order), ``GET /_keys``
-(the SHA-256 of each request's bearer key, in order), ``POST /_release`` (answer the requests a
-rule's ``hold`` keeps waiting), ``POST /_reset``
-(forget requests and rules set over HTTP). Run ``python -m workers.testing.fake_openai --help``.
+assistant messages already in the conversation; a rule ``delay`` replaces the global one; a rule
+with ``times`` answers that many requests, then later ones fall through to the next rules. A rule
+may ``fail`` instead of replying, to script a provider's outages::
+
+    [{"times": 2, "fail": {"status": 429, "retry_after": 1}},      # rate limited twice,
+     {"times": 1, "fail": {"drop": "reset"}},                       # then a connection reset,
+     {"reply": {"content": "At last."}}]                            # then an answer
+
+``fail.status`` answers that HTTP status with an OpenAI error body (``retry_after``: a
+``Retry-After`` header, in seconds); ``fail.drop`` closes the connection without a response
+(``close``: a clean close; ``reset``: a TCP reset), after ``after_chunks`` chunks of the streamed
+``reply`` when set.
+
+Other endpoints: ``GET /v1/models``, ``GET /_requests`` (every request body, in order),
+``GET /_keys`` (the SHA-256 of each request's bearer key, in order), ``POST /_release`` (answer
+the requests a rule's ``hold`` keeps waiting), ``POST /_reset`` (forget requests and rules set
+over HTTP). Run ``python -m workers.testing.fake_openai --help``.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -39,13 +52,21 @@ from typing import Any, Literal
 
 import uvicorn
 import yaml
-from pydantic import BaseModel, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["DEFAULT_REPLY", "FakeOpenAI", "Rule", "create_app", "main", "start_subprocess"]
+__all__ = [
+    "DEFAULT_REPLY",
+    "Failure",
+    "FakeOpenAI",
+    "Rule",
+    "create_app",
+    "main",
+    "start_subprocess",
+]
 
 DEFAULT_REPLY = "(fake-openai) no rule matched"
 
@@ -67,6 +88,53 @@ class Reply(BaseModel):
     """Answer with the last user message's content instead of ``content``."""
 
 
+#: Error messages of the statuses a provider fails with, as OpenAI words them.
+_STATUS_TEXT = {
+    400: "bad request",
+    401: "invalid api key",
+    404: "model not found",
+    408: "request timeout",
+    429: "rate limit exceeded",
+    500: "internal server error",
+    502: "bad gateway",
+    503: "service unavailable",
+    504: "gateway timeout",
+}
+
+
+class Failure(BaseModel):
+    """How a request fails instead of being answered: an HTTP error, or a dropped connection."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: int | None = Field(default=None, ge=400, le=599)
+    """Answer this HTTP status with an OpenAI-shaped error body."""
+    message: str = ""
+    """The error body's message; empty: the usual text of ``status``."""
+    retry_after: float | None = Field(default=None, ge=0)
+    """Seconds sent as the ``Retry-After`` header of the error."""
+    drop: Literal["close", "reset"] | None = None
+    """Close the connection without (the rest of) a response: ``close`` sends a FIN, ``reset`` a
+    TCP reset."""
+    after_chunks: int = Field(default=0, ge=0)
+    """With ``drop`` on a streamed request: send this many chunks of the rule's reply first."""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> Failure:
+        if (self.status is None) == (self.drop is None):
+            raise ValueError("a failure needs exactly one of status or drop")
+        if self.after_chunks and self.drop is None:
+            raise ValueError("after_chunks needs drop")
+        if self.retry_after is not None and self.status is None:
+            raise ValueError("retry_after needs status")
+        return self
+
+    def error_body(self) -> dict[str, Any]:
+        assert self.status is not None
+        text = self.message or _STATUS_TEXT.get(self.status, f"error {self.status}")
+        return {"error": {"message": text, "type": "fake_openai_error", "code": self.status}}
+
+
 class Rule(BaseModel):
     """A scripted reply, chosen when ``match`` is in the ``where`` text (and ``turn`` fits)."""
 
@@ -74,12 +142,24 @@ class Rule(BaseModel):
     where: Literal["any", "last_user", "system"] = "any"
     turn: int | None = None
     """Number of assistant messages already in the conversation; any turn when unset."""
-    reply: Reply
+    reply: Reply = Field(default_factory=lambda: Reply(content=DEFAULT_REPLY))
+    """Required unless the rule has ``fail`` (then it is what a dropped stream had begun)."""
+    fail: Failure | None = None
+    """Fail the request instead of answering it."""
+    times: int | None = Field(default=None, ge=1)
+    """Answer at most this many requests; later ones go to the next matching rule."""
     delay: float | None = None
     """Seconds before the first byte; replaces the server's global delay."""
     hold: str | None = None
     """Answer only once this name is released (``POST /_release {"hold": name}``): lets a test
     see requests in flight without guessing how long they take."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reply_or_fail(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "reply" not in data and data.get("fail") is None:
+            raise ValueError("a rule needs a reply or a fail")
+        return data
 
     def applies(self, messages: list[dict[str, Any]], turn: int) -> bool:
         """Whether this rule answers ``messages`` with ``turn`` assistant messages in them."""
@@ -104,12 +184,24 @@ def parse_rules(data: Any) -> list[Rule]:
 
 
 class _Script:
-    """The current rules: the file's, reloaded when it changes, unless set over HTTP since."""
+    """The current rules: the file's, reloaded when it changes, unless set over HTTP since.
+
+    It also counts how many requests each rule answered (for ``times``); new rules start at 0.
+    """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.rules: list[Rule] = []
+        self._rules: list[Rule] = []
+        self._used: list[int] = []
         self._stamp: tuple[int, int] | None = None
+
+    @property
+    def rules(self) -> list[Rule]:
+        return self._rules
+
+    @rules.setter
+    def rules(self, rules: list[Rule]) -> None:
+        self._rules, self._used = rules, [0] * len(rules)
 
     def current(self) -> list[Rule]:
         if self.path is None:
@@ -123,6 +215,15 @@ class _Script:
         except (OSError, yaml.YAMLError) as exc:
             raise ScriptError(f"cannot load fake-openai script {self.path}: {exc}") from exc
         return self.rules
+
+    def choose(self, messages: list[dict[str, Any]], turn: int) -> Rule | None:
+        """The first rule that applies and is not used up; counted as used once more."""
+        for number, rule in enumerate(self.current()):
+            spent = rule.times is not None and self._used[number] >= rule.times
+            if not spent and rule.applies(messages, turn):
+                self._used[number] += 1
+                return rule
+        return None
 
     def reset(self) -> None:
         self.rules, self._stamp = [], None
@@ -159,6 +260,7 @@ class _Answer:
     calls: list[dict[str, Any]]
     delay: float
     hold: str | None = None
+    fail: Failure | None = None
 
     @property
     def finish_reason(self) -> str:
@@ -197,12 +299,14 @@ class _Service:
     def answer(self, messages: list[dict[str, Any]]) -> _Answer:
         """Apply the first matching rule (or the default reply) to a conversation."""
         turn = sum(1 for m in messages if m.get("role") == "assistant")
-        rule = next((r for r in self.script.current() if r.applies(messages, turn)), None)
+        rule = self.script.choose(messages, turn)
         reply = rule.reply if rule else Reply(content=DEFAULT_REPLY)
         content = _haystack(messages, "last_user") if reply.echo else reply.content
         calls = [_tool_call(f"call_{turn}_{i}", c) for i, c in enumerate(reply.tool_calls)]
         delay = rule.delay if rule and rule.delay is not None else self.delay
-        return _Answer(content, calls, delay, rule.hold if rule else None)
+        if rule is None:
+            return _Answer(content, calls, delay)
+        return _Answer(content, calls, delay, rule.hold, rule.fail)
 
     async def chat(self, request: Request) -> Response:
         body: dict[str, Any] = await request.json()
@@ -222,9 +326,18 @@ class _Service:
             await self._released(answer.hold).wait()
         if answer.delay > 0:
             await asyncio.sleep(answer.delay)
+        fail = answer.fail
+        if fail is not None and fail.status is not None:
+            headers = {} if fail.retry_after is None else {"Retry-After": f"{fail.retry_after:g}"}
+            return JSONResponse(fail.error_body(), status_code=fail.status, headers=headers)
+        if fail is not None and not (fail.after_chunks and body.get("stream")):
+            await _drop(request, fail)
+            return Response()  # not sent: the connection is gone
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             chunks = _stream(meta, answer, usage if include_usage else None)
+            if fail is not None:
+                chunks = _dropped_after(chunks, request, fail)
             return StreamingResponse(chunks, media_type="text/event-stream")
         message: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if answer.calls:
@@ -261,6 +374,42 @@ class _Service:
             held.set()
         self._holds.clear()
         return JSONResponse({"ok": True})
+
+
+async def _drop(request: Request, fail: Failure) -> None:
+    """Close the request's connection with no (further) response, then wait until the server
+    has seen it go, so that nothing is written after it."""
+    # uvicorn's receive callable is a method of the connection's request cycle, which holds the
+    # transport; the ASGI interface itself has no way to drop a connection.
+    transport = getattr(getattr(request.receive, "__self__", None), "transport", None)
+    if not isinstance(transport, asyncio.Transport):
+        raise ScriptError("fake-openai: this server cannot drop connections (no transport)")
+    if fail.drop == "reset":
+        sock = transport.get_extra_info("socket")
+        # A zero linger makes close() send a reset instead of a FIN.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        transport.abort()
+    else:
+        transport.close()
+    try:
+        async with asyncio.timeout(10):  # the loop reports a closed transport at once
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+    except TimeoutError:
+        pass  # writes to a closing transport are dropped anyway
+
+
+async def _dropped_after(
+    chunks: AsyncIterator[str], request: Request, fail: Failure
+) -> AsyncIterator[str]:
+    """The first ``fail.after_chunks`` chunks of a streamed reply, then a dropped connection."""
+    sent = 0
+    async for piece in chunks:
+        if sent == fail.after_chunks:
+            break
+        yield piece
+        sent += 1
+    await _drop(request, fail)
 
 
 async def _stream(

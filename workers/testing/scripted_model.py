@@ -8,12 +8,14 @@ It answers each call with the next queued step and records every request it rece
     assert model.requests[1].messages[-2].role == "tool"
 
 A step is a text reply (streamed as the deltas given), tool calls (with optional text), or an
-exception to raise. A call with no step left fails with an :class:`AssertionError` that describes
-the request; :meth:`ScriptedModel.assert_done` fails when steps were left unused.
+exception to raise (optionally after streaming some text, as a connection lost mid-reply). A call
+with no step left fails with an :class:`AssertionError` that describes the request;
+:meth:`ScriptedModel.assert_done` fails when steps were left unused.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -35,7 +37,8 @@ class Step:
     usage: Usage | None = None
     """Reported usage; ``None`` means ``Usage(model_calls=1)``."""
     error: BaseException | None = None
-    """Raised instead of replying (e.g. a :class:`~workers.model.ModelError`)."""
+    """Raised instead of replying (e.g. a :class:`~workers.model.ModelError`), after streaming
+    ``deltas``."""
 
     @property
     def content(self) -> str:
@@ -43,7 +46,8 @@ class Step:
 
     def describe(self) -> str:
         if self.error is not None:
-            return f"raise {self.error!r}"
+            streamed = f"text {self.content!r}, then " if self.deltas else ""
+            return f"{streamed}raise {self.error!r}"
         parts = [f"text {self.content!r}"] if self.deltas else []
         parts += [f"call {c.name}({c.arguments})" for c in self.calls]
         return ", ".join(parts) or "empty reply"
@@ -75,15 +79,15 @@ def tool_call(name: str, /, **arguments: Any) -> Step:
     return tool_calls(call(name, **arguments))
 
 
-def fail(error: BaseException) -> Step:
-    """A call that raises ``error``."""
-    return Step(error=error)
+def fail(error: BaseException, *, after: Iterable[str] = ()) -> Step:
+    """A call that raises ``error``; with ``after``, once it has streamed those text deltas."""
+    return Step(deltas=tuple(after), error=error)
 
 
 def _describe(request: ModelRequest) -> str:
     last = request.messages[-1] if request.messages else None
     tail = f"last {last.role} message {last.content[:200]!r}" if last else "no messages"
-    tools = ", ".join(t["function"]["name"] for t in request.tools) or "no tools"
+    tools = ", ".join(t.name for t in request.tools) or "no tools"
     return f"model={request.model!r}, {len(request.messages)} messages, {tail}, tools: {tools}"
 
 
@@ -117,7 +121,7 @@ class ScriptedModel:
         snapshot = ModelRequest(
             model=request.model,
             messages=[m.model_copy(deep=True) for m in request.messages],
-            tools=json.loads(json.dumps(request.tools)),
+            tools=copy.deepcopy(request.tools),
         )
         self.requests.append(snapshot)
         number = len(self.requests)
@@ -130,11 +134,11 @@ class ScriptedModel:
 
     @staticmethod
     def _reply(step: Step, number: int) -> Iterator[str | ModelReply]:
-        if step.error is not None:
-            raise step.error
         for delta in step.deltas:
             if delta:
                 yield delta
+        if step.error is not None:
+            raise step.error
         calls = [
             c if c.id else c.model_copy(update={"id": f"call_{number}_{i}"})
             for i, c in enumerate(step.calls)
