@@ -5,6 +5,15 @@ one returns at once and reports later with its own ``task_notification``. The ch
 derived from the coordinator's spawn and the call id, so a coordinator resumed on another worker
 re-attaches to the specialist it already started instead of starting a second one: the tool is
 idempotent, and the loop may run it again after a crash.
+
+The child's context is the parent spawn's context (a chat turn's ``incident_id``, ``device_id``,
+…) with the model's ``context`` argument laid over it: the model need not repeat what the turn
+already carries, and a key it does pass wins, so one turn may dispatch a specialist per device it
+names. The merged context travels on to whatever the child spawns in turn.
+
+While it waits for a non-background child, a worker that shuts down makes the wait stop with
+:class:`~registry.errors.WorkerDraining`; the runtime then hands the coordinator back to its queue
+with this call still pending, and the next attempt re-attaches to the same child.
 """
 
 from __future__ import annotations
@@ -30,7 +39,10 @@ class SpawnAgentArgs(BaseModel):
     prompt: Annotated[str, Field(description="The task, with every detail the specialist needs.")]
     context: Annotated[
         dict[str, Any],
-        Field(description="Identifiers for the specialist's initial prompt (incident_id, …)."),
+        Field(
+            description="Identifiers for the specialist's initial prompt (incident_id, …); the "
+            "turn's own context is passed on already, so give only keys to add or replace."
+        ),
     ] = Field(default_factory=dict)
     reason: Annotated[str, Field(description="Which trigger of the specialist matched.")] = ""
 
@@ -60,7 +72,7 @@ class SpawnAgentTool(BaseTool):
             record = client.spawn(
                 args.agent,
                 args.prompt,
-                context=args.context,
+                context={**context.context, **args.context},
                 role=context.role,
                 user=context.user,
                 session_id=context.session_id,
@@ -76,7 +88,7 @@ class SpawnAgentTool(BaseTool):
                 data={"spawn_id": record.spawn_id, "background": True},
             )
         try:
-            done = client.wait(record.spawn_id, timeout=WAIT_SECONDS)
+            done = client.wait(record.spawn_id, timeout=WAIT_SECONDS, stop=context.stopping)
         except TimeoutError as exc:
             return ToolResult(content=str(exc), is_error=True)
         if done.status == "waiting":

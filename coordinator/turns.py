@@ -60,7 +60,11 @@ def start_turn(
     role: str,
     context: dict[str, Any] | None = None,
 ) -> SpawnRecord:
-    """Enqueue the coordinator for one chat message; its events land on the session stream."""
+    """Enqueue the coordinator for one chat message; its events land on the session stream.
+
+    ``context`` is the turn's: every specialist the coordinator spawns in it starts from this
+    context, whatever the model passes (see :mod:`coordinator.agent_tool`).
+    """
     return client.spawn(
         COORDINATOR,
         prompt,

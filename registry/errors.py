@@ -11,13 +11,19 @@ from dataclasses import dataclass
 
 __all__ = [
     "FieldProblem",
+    "LeaseLost",
     "NotFoundError",
     "OngridError",
+    "OutOfTurns",
     "PersonaError",
+    "PersonaUnavailable",
     "ReadOnlyError",
+    "RunError",
+    "SpawnCancelled",
     "TemplateError",
     "ToolArgumentError",
     "UserError",
+    "WorkerDraining",
 ]
 
 
@@ -76,3 +82,33 @@ class ReadOnlyError(UserError):
 
 class ToolArgumentError(UserError):
     """Arguments of a tool call that do not fit the tool's schema."""
+
+
+class RunError(OngridError):
+    """A spawn's run cannot go on as it is: the runtime ends it (failed, cancelled) or hands it to
+    another attempt. Tools do not catch these: the loop lets them through to the runtime."""
+
+
+class PersonaUnavailable(RunError):
+    """The persona of a spawn is not available on this worker (its gates fail here)."""
+
+
+class LeaseLost(RunError):
+    """This worker no longer holds the spawn: another attempt owns it now."""
+
+
+class SpawnCancelled(RunError):
+    """Someone asked the spawn to stop; it stops at its next checkpoint."""
+
+
+class WorkerDraining(RunError):
+    """The worker is shutting down: the spawn stops at its next checkpoint (or stops waiting on a
+    specialist) and is put back on its queue, to resume on another worker."""
+
+
+class OutOfTurns(RunError):
+    """The spawn used its ``max_turns`` model calls without a final answer.
+
+    The loop reports this as a ``failed`` outcome rather than raising it; the class names the
+    case for callers that turn outcomes into exceptions.
+    """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from registry.errors import TemplateError
 
@@ -19,9 +19,11 @@ __all__ = [
     "MAX_CONTEXT_BYTES",
     "MAX_CONTEXT_DEPTH",
     "MISSING",
+    "Rendered",
     "check_context",
     "check_depth",
     "check_template",
+    "render",
     "render_template",
     "walk_json",
 ]
@@ -49,6 +51,10 @@ def _path(action: str, template: str) -> list[str]:
 
 def check_template(template: str) -> None:
     """Raise :class:`TemplateError` if ``template`` uses anything outside the subset."""
+    if template.rfind("{{") > template.rfind("}}"):
+        # Refused before the pattern runs: from each '{{' with no '}}' after it the lazy
+        # pattern would rescan the rest of the text, quadratic on a prompt full of '{{'.
+        raise TemplateError(f"unclosed '{{{{' in {template[:60]!r}")
     for match in _ACTION.finditer(template):
         _path(match.group(2), template)
     rest = _ACTION.sub("", template)
@@ -56,17 +62,22 @@ def check_template(template: str) -> None:
         raise TemplateError(f"unclosed '{{{{' in {template[:60]!r}")
 
 
+#: What a lookup finds when a key is absent (distinct from a value that happens to read
+#: ``<no value>``).
+_ABSENT = object()
+
+
 def _lookup(context: Any, path: list[str]) -> Any:
     value = context
     for key in path:
         if not isinstance(value, Mapping) or key not in value:
-            return MISSING
+            return _ABSENT
         value = value[key]
     return value
 
 
 def _format(value: Any) -> str:
-    if value is None:
+    if value is None or value is _ABSENT:
         return MISSING
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -77,24 +88,48 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def render_template(template: str, context: Mapping[str, Any] | None) -> str:
-    """Render ``template`` over ``context``. Values are inserted as text, never evaluated."""
+class Rendered(NamedTuple):
+    """A rendered template and the keys that rendered ``<no value>``."""
+
+    text: str
+    #: Dotted paths (``device.id``) of the lookups that found no value (absent or null), each
+    #: once, in the order they first appear in the template.
+    missing: list[str]
+
+
+def render(template: str, context: Mapping[str, Any] | None) -> Rendered:
+    """Render ``template`` over ``context`` and say which keys it lacked.
+
+    Values are inserted as text, never evaluated.
+    """
     check_template(template)
     ctx = context or {}
     out: list[str] = []
+    missing: list[str] = []
     pos = 0
     for match in _ACTION.finditer(template):
         chunk = template[pos : match.start()]
         if match.group(1):
             chunk = chunk.rstrip()
         out.append(chunk)
-        out.append(_format(_lookup(ctx, _path(match.group(2), template))))
+        path = _path(match.group(2), template)
+        value = _lookup(ctx, path)
+        if value is None or value is _ABSENT:
+            key = ".".join(path) or "."
+            if key not in missing:
+                missing.append(key)
+        out.append(_format(value))
         pos = match.end()
         if match.group(3):
             while pos < len(template) and template[pos].isspace():
                 pos += 1
     out.append(template[pos:])
-    return "".join(out)
+    return Rendered("".join(out), missing)
+
+
+def render_template(template: str, context: Mapping[str, Any] | None) -> str:
+    """Render ``template`` over ``context``. Values are inserted as text, never evaluated."""
+    return render(template, context).text
 
 
 def walk_json(value: Any) -> Iterator[tuple[Any, int]]:

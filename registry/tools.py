@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,11 @@ class ToolContext:
     #: ``None``: they run nothing.
     sandbox: Any = None
     extras: dict[str, Any] = field(default_factory=dict)
+    #: The spawn's context (its ``incident_id``, ``device_id``, …): the spawns it makes inherit it.
+    context: dict[str, Any] = field(default_factory=dict)
+    #: Set when the worker running the spawn shuts down: a tool that waits (on a specialist)
+    #: stops waiting and raises :class:`~registry.errors.WorkerDraining`.
+    stopping: threading.Event = field(default_factory=threading.Event)
 
 
 class BaseTool(ABC):

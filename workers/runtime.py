@@ -1,11 +1,23 @@
 """One worker process's runtime: registry, tools, models, event bus, spawn leases.
 
-``execute(spawn_id)`` is the body of the Celery spawn task. It takes the spawn's lease (a Redis
-key with a short TTL that a heartbeat thread renews), so at most one worker runs a spawn at a
-time. When a worker dies, its leases expire; the reaper thread of any live worker sees an active
-spawn with no lease and enqueues it again, and the next attempt resumes from the last checkpoint.
-A spawn whose worker was lost ``MAX_ATTEMPTS`` times is failed instead of being tried again
-(resuming after a person's decision is an attempt too, but not a lost one).
+``execute(spawn_id)`` is the body of the Celery spawn task. It claims the spawn: takes its lease
+(a Redis key with a short TTL that a heartbeat thread renews), so at most one worker runs a spawn
+at a time, and marks it ``running`` in the same transaction. When a worker dies, its leases
+expire; the reaper thread of any live worker sees a running spawn with no lease and enqueues it
+again, and the next attempt resumes from the last checkpoint. A spawn whose worker was lost
+``MAX_ATTEMPTS`` times is failed instead of being tried again (resuming after a person's decision
+is an attempt too, but not a lost one).
+
+A worker asked to stop (:meth:`WorkerRuntime.drain`, connected to Celery's warm shutdown by
+:func:`connect_drain`) takes no new spawn and stops each of its own at the next checkpoint, or as
+soon as a coordinator stops waiting on a specialist: the spawn's last checkpoint is kept, its
+lease given back and the spawn enqueued again at once, so the shutdown waits for at most one
+model or tool call per spawn, and another worker resumes the spawn.
+
+One window is left to the broker: a message that a worker has taken from the queue but whose
+task has not yet claimed the spawn (the hand-over from Celery's consumer to a pool thread). A
+worker killed inside it leaves the spawn ``queued`` with its message in the broker's unacked set,
+which the broker delivers again only after its visibility timeout.
 """
 
 from __future__ import annotations
@@ -20,24 +32,47 @@ import redis
 
 from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
+from registry.errors import (
+    LeaseLost,
+    NotFoundError,
+    OngridError,
+    PersonaUnavailable,
+    SpawnCancelled,
+    WorkerDraining,
+)
 from registry.parser import dump_persona, parse_persona
 from registry.persona import Persona
 from registry.policy import ToolBag, resolve_bag
 from registry.settings import Settings
-from registry.template import render_template
+from registry.template import Rendered, render
 from registry.tools import ToolCatalog, ToolContext
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.events import EventBus
 from workers.hardening import ProviderCredentials
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
-from workers.messages import AgentTile, Event, Message, TaskNotification
-from workers.model import DEMO_MODEL, Model, ModelError, resolve_model_id
+from workers.messages import AgentTile, Event, Message, TaskNotification, Usage
+from workers.model import (
+    DEMO_MODEL,
+    Model,
+    ModelError,
+    RetryAbandoned,
+    RetryingModel,
+    RetryPolicy,
+    resolve_model_id,
+)
 from workers.reload import RegistryFollower, cluster_version
 from workers.sandbox import Sandbox
-from workers.spawns import LeaseLost, SpawnRecord, SpawnStore
+from workers.spawns import SpawnRecord, SpawnStore
 from workers.tools import default_catalog
 
-__all__ = ["MAX_ATTEMPTS", "WorkerRuntime", "worker_runtime"]
+__all__ = [
+    "MAX_ATTEMPTS",
+    "SpawnCancelled",
+    "WorkerRuntime",
+    "connect_drain",
+    "use_worker_runtime",
+    "worker_runtime",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +89,12 @@ BASE_PROMPT = (
 )
 
 
-class SpawnCancelled(Exception):
-    pass
-
-
 def _load_model_adapter() -> None:
     """Import litellm (seconds of CPU) at start-up: a worker that says it is ready is, and the
     first spawn it takes does not wait for the import."""
-    import workers._litellm  # noqa: F401
+    from workers._litellm import load
+
+    load()
 
 
 def model_for(model_id: str, credentials: ProviderCredentials | None = None) -> Model:
@@ -97,10 +130,27 @@ def turn_reminder(persona: Persona, model_id: str, bag: ToolBag, locale: str) ->
     return "\n".join(lines)
 
 
-def first_message(persona: Persona, prompt: str, context: dict[str, Any]) -> str:
+def first_message(persona: Persona, prompt: str, context: dict[str, Any]) -> Rendered:
+    """The spawn's first user message: the rendered ``initial_prompt``, then the prompt; with
+    the context keys the template lacked."""
     if not persona.initial_prompt:
-        return prompt
-    return f"{render_template(persona.initial_prompt, context).rstrip()}\n\n{prompt}"
+        return Rendered(prompt, [])
+    opening = render(persona.initial_prompt, context)
+    return Rendered(f"{opening.text.rstrip()}\n\n{prompt}", opening.missing)
+
+
+def _about_to_run(state: LoopState) -> bool:
+    """The checkpoint being taken is the write-ahead mark of the call the loop runs next."""
+    return bool(state.pending) and state.pending[0].id in state.started
+
+
+def _ending(state: LoopState) -> bool:
+    """The loop returns right after this checkpoint: it holds the final answer, or the next
+    call has just been put to a person (its approval entry is new and undecided)."""
+    if state.final is not None:
+        return True
+    approval = state.approvals.get(state.pending[0].id) if state.pending else None
+    return approval is not None and not approval.approved_by and approval.denied_by is None
 
 
 @dataclass
@@ -128,7 +178,10 @@ class WorkerRuntime:
         self._held: dict[str, str] = {}
         self._held_lock = threading.Lock()
         self._stop = threading.Event()
+        #: Set once the worker shuts down: see :meth:`drain`.
+        self.draining = threading.Event()
         if start_threads:  # a worker process: be ready to run spawns before taking any
+            connect_drain(self)
             _load_model_adapter()
             why = self.sandbox.unavailable()
             if why is not None:
@@ -155,18 +208,19 @@ class WorkerRuntime:
     # -- the spawn task ------------------------------------------------------------------------
 
     def execute(self, spawn_id: str) -> dict[str, Any]:
-        record = self.store.get(spawn_id)
+        if self.draining.is_set():
+            return self._decline(spawn_id)
+        record, token = self.store.claim(spawn_id, self.lease_ms)
         if record is None:
             return {"spawn_id": spawn_id, "status": "missing"}
-        if record.finished:
-            return self._summary(record)
-        token = self.store.acquire(spawn_id, self.lease_ms)
         if token is None:
+            if record.finished:
+                return self._summary(record)
             return {"spawn_id": spawn_id, "status": "held-elsewhere"}
         with self._held_lock:
             self._held[spawn_id] = token
         try:
-            return self._execute_held(spawn_id, token)
+            return self._execute_held(record, token)
         except LeaseLost:
             log.warning("spawn %s: lease lost; another attempt owns it", spawn_id)
             return {"spawn_id": spawn_id, "status": "lease-lost"}
@@ -175,16 +229,8 @@ class WorkerRuntime:
                 self._held.pop(spawn_id, None)
             self.store.release(spawn_id, token)
 
-    def _execute_held(self, spawn_id: str, token: str) -> dict[str, Any]:
-        record = self.store.get(spawn_id)
-        assert record is not None
-        if record.finished:
-            return self._summary(record)
-        record.attempts += 1
-        if record.status == "running":
-            # The previous attempt never reported back: its worker died or lost the lease. Only
-            # those count against the limit, not resumptions after a person's decision.
-            record.lost_attempts += 1
+    def _execute_held(self, record: SpawnRecord, token: str) -> dict[str, Any]:
+        spawn_id = record.spawn_id
         if record.lost_attempts >= MAX_ATTEMPTS:
             return self._finish(
                 record,
@@ -197,7 +243,11 @@ class WorkerRuntime:
             return self._finish(record, token, "cancelled", "cancelled on request")
         try:
             persona, bag = self._prepare(record, token)
+        except (LeaseLost, redis.RedisError):
+            raise  # infrastructure: leave the spawn to the next attempt
         except Exception as exc:  # noqa: BLE001 - a spawn that cannot start is failed, with why
+            if not isinstance(exc, OngridError):
+                log.exception("spawn %s could not start", spawn_id)
             return self._finish(record, token, "failed", str(exc))
         setup = LoopSetup(
             session_id=record.session_id,
@@ -213,6 +263,8 @@ class WorkerRuntime:
                 role=record.role,
                 settings=self.settings,
                 sandbox=self.sandbox,
+                context=record.context,
+                stopping=self.draining,
             ),
         )
         assert record.state is not None
@@ -220,19 +272,32 @@ class WorkerRuntime:
         def checkpoint(state: LoopState) -> None:
             if self.store.cancel_requested(spawn_id):
                 raise SpawnCancelled(spawn_id)
+            draining = self.draining.is_set() and not _ending(state)
+            if draining and _about_to_run(state):
+                # Stop before the call rather than after its write-ahead mark: the next attempt
+                # then runs it, instead of reporting a call that never ran as "outcome unknown".
+                raise WorkerDraining(spawn_id)
             record.state = state
             self.store.save(record, token)
+            if draining:
+                raise WorkerDraining(spawn_id)
 
         try:
             outcome = run_loop(
                 setup,
                 record.state,
-                model_for(record.model_id, self.credentials),
+                RetryingModel(
+                    model_for(record.model_id, self.credentials),
+                    RetryPolicy.from_settings(self.settings),
+                    stop=self.draining,  # a shutdown does not sit out a backoff
+                ),
                 self._sink(spawn_id),
                 checkpoint,
             )
         except SpawnCancelled:
             return self._finish(record, token, "cancelled", "cancelled on request")
+        except (WorkerDraining, RetryAbandoned):
+            return self._hand_back(spawn_id, token)
         except ModelError as exc:
             return self._finish(record, token, "failed", str(exc))
         except (LeaseLost, redis.RedisError):
@@ -251,7 +316,7 @@ class WorkerRuntime:
             persona = special(snapshot) if special else snapshot.get(record.persona)
             if persona.name in snapshot.unavailable:
                 reason = snapshot.unavailable[persona.name]
-                raise ValueError(f"agent {persona.name!r} is unavailable here: {reason}")
+                raise PersonaUnavailable(f"agent {persona.name!r} is unavailable here: {reason}")
             record.persona_markdown = dump_persona(persona)
             record.persona_source = persona.source.value if persona.source else ""
             record.model_id = resolve_model_id(
@@ -263,17 +328,17 @@ class WorkerRuntime:
         persona = parse_persona(record.persona_markdown).persona
         role = self.settings.roles.get(record.role)
         if role is None:
-            raise ValueError(f"unknown role {record.role!r}")
+            raise NotFoundError("role", record.role)
         # Registered personas (the coordinator) may hold the AgentTool; specialists never do.
         worker = record.persona not in self._special
         bag = resolve_bag(persona, self.catalog, role.tools, role=record.role, for_worker=worker)
         if record.state is None:
+            opening = first_message(persona, record.prompt, record.context)
+            record.missing_context = opening.missing
             record.state = LoopState(
                 messages=[
                     Message(role="system", content=system_prompt(persona)),
-                    Message(
-                        role="user", content=first_message(persona, record.prompt, record.context)
-                    ),
+                    Message(role="user", content=opening.text),
                 ]
             )
             tile = AgentTile(
@@ -284,12 +349,40 @@ class WorkerRuntime:
                 tools=[e.describe() for e in bag],
                 reason=record.reason or persona.catalog_hint,
                 background=persona.background,
+                missing_context=opening.missing,
             )
             self._sink(record.spawn_id)(tile, 0)
             record.state.event_index = 1
-        record.status = "running"
         self.store.save(record, token)
         return persona, bag
+
+    def _hand_back(self, spawn_id: str, token: str) -> dict[str, Any]:
+        """Put a spawn this draining worker holds back on its queue, as its last checkpoint left
+        it (not as the loop's unsaved state), and give its lease back."""
+        from workers.client import enqueue
+
+        saved = self.store.get(spawn_id)
+        if saved is None:
+            raise LeaseLost(spawn_id)  # expired meanwhile: nothing left to hand back
+        # "queued", not "running": the reaper leaves it to the message sent below, and the next
+        # attempt does not count this one as lost.
+        saved.status = "queued"
+        self.store.save(saved, token, release=True)
+        enqueue(self.settings, saved)
+        log.info("spawn %s handed back to %s: this worker is shutting down", spawn_id, saved.queue)
+        return self._summary(saved)
+
+    def _decline(self, spawn_id: str) -> dict[str, Any]:
+        """A spawn delivered to this worker while it shuts down: enqueued again, untouched."""
+        from workers.client import enqueue
+
+        record = self.store.get(spawn_id)
+        if record is None:
+            return {"spawn_id": spawn_id, "status": "missing"}
+        if record.finished:
+            return self._summary(record)
+        enqueue(self.settings, record)
+        return {"spawn_id": spawn_id, "status": "declined"}
 
     def _conclude(self, record: SpawnRecord, token: str, outcome: Outcome) -> dict[str, Any]:
         if outcome.kind == "interrupted":
@@ -317,7 +410,7 @@ class WorkerRuntime:
             status=status,  # type: ignore[arg-type]
             persona=record.persona,
             message=text,
-            **({"usage": usage} if usage else {}),
+            usage=usage if usage is not None else Usage(),
         )
         self._sink(record.spawn_id)(note, index)
         if record.state:
@@ -371,19 +464,48 @@ class WorkerRuntime:
             except redis.RedisError as exc:
                 log.warning("reaper: %s", exc)
 
+    def drain(self) -> None:
+        """Stop taking spawns and stop those running at their next checkpoint (see the module
+        docstring); safe to call from a signal handler, and more than once."""
+        self.draining.set()
+
     def stop(self) -> None:
         self._stop.set()
         self.follower.stop()
+
+
+def connect_drain(runtime: WorkerRuntime) -> None:
+    """Drain ``runtime`` when the Celery worker of this process begins to shut down."""
+    from celery.signals import worker_shutting_down
+
+    def on_shutdown(**_: Any) -> None:
+        runtime.drain()
+
+    # A strong reference: the receiver lives as long as the process, like the runtime.
+    worker_shutting_down.connect(on_shutdown, weak=False)
 
 
 _runtime: WorkerRuntime | None = None
 _runtime_lock = threading.Lock()
 
 
-def worker_runtime() -> WorkerRuntime:
-    """This process's runtime, built on first use from the environment."""
+def use_worker_runtime(runtime: WorkerRuntime | None) -> None:
+    """Make ``runtime`` the one this process's spawn tasks run on (``None``: none any more).
+
+    The worker process's builder (:mod:`coordinator.worker`) calls it once the runtime is built
+    from the settings of the entry point; nothing here reads the environment.
+    """
     global _runtime
     with _runtime_lock:
+        _runtime = runtime
+
+
+def worker_runtime() -> WorkerRuntime:
+    """This process's runtime; a process that was not started as a worker has none."""
+    with _runtime_lock:
         if _runtime is None:
-            _runtime = WorkerRuntime(Settings.load())
+            raise RuntimeError(
+                "this process has no worker runtime: start workers with `ongrid worker` or "
+                "`celery -A workers.app worker`, which build one before taking any task"
+            )
         return _runtime

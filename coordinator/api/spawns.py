@@ -23,7 +23,7 @@ from coordinator.api.schemas import (
 from coordinator.auth import Principal
 from registry.errors import NotFoundError
 from workers.messages import ToolCall, Usage
-from workers.spawns import SpawnRecord
+from workers.spawns import AlreadyDecided, NotWaiting, SpawnRecord
 
 __all__ = ["approvals_router", "router", "visible_spawn"]
 
@@ -64,6 +64,7 @@ def _transcript(record: SpawnRecord) -> dict[str, Any]:
                 "attempts",
                 "prompt",
                 "context",
+                "missing_context",
                 "result",
                 "error",
                 "created",
@@ -98,22 +99,26 @@ def transcript(spawn_id: str, who: Caller, svc: Svc) -> dict[str, Any]:
 
 @router.post("/{spawn_id}/decisions", response_model=DecisionOut)
 def decide(spawn_id: str, body: DecisionIn, who: Approver, svc: Svc) -> DecisionOut:
-    """Approve or deny a tool call that waits for confirmation; the spawn then resumes.
+    """Approve or deny a tool call that waits for confirmation; the spawn resumes once the call
+    is settled (denied, or approved by as many people as it needs).
 
     Only the spawn's owner and the owner's approvers may decide, with a role that may approve.
+    Concurrent decisions are each recorded or refused, never lost. When two people settle one
+    call at the same instant, the first decision stands and the other gets 409
+    ``already_decided`` naming who decided.
     """
-    record = visible_spawn(svc, spawn_id, who)
-    waiting = record.state.approvals if record.state else {}
-    if record.status != "waiting" or body.call_id not in waiting:
-        raise Conflict(
-            f"spawn {spawn_id} is not waiting for a decision on {body.call_id!r}",
-            {"status": record.status, "waiting_on": sorted(waiting)},
-            code="not_waiting",
-        )
+    visible_spawn(svc, spawn_id, who)
+    try:
+        record = svc.client.decide(spawn_id, body.call_id, who.user, body.approve)
+    except NotWaiting as exc:
+        waiting: dict[str, Any] = {"status": exc.status, "waiting_on": exc.waiting_on}
+        raise Conflict(str(exc), waiting, code="not_waiting") from None
+    except AlreadyDecided as exc:
+        decided: dict[str, Any] = {"decision": exc.decision, "decided_by": exc.decided_by}
+        raise Conflict(str(exc), decided, code="already_decided") from None
     call = _pending_call(record, body.call_id)
-    decided = svc.client.decide(spawn_id, body.call_id, who.user, body.approve)
-    approvals = decided.state.approvals if decided.state else {}
-    return DecisionOut(spawn_id=spawn_id, status=decided.status, approvals=approvals, call=call)
+    approvals = record.state.approvals if record.state else {}
+    return DecisionOut(spawn_id=spawn_id, status=record.status, approvals=approvals, call=call)
 
 
 def _pending_call(record: SpawnRecord, call_id: str) -> ToolCall:

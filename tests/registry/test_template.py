@@ -8,7 +8,7 @@ import pytest
 
 from registry.errors import PersonaError, TemplateError
 from registry.parser import persona_from_mapping
-from registry.template import MISSING, check_template, render_template
+from registry.template import MISSING, Rendered, check_template, render, render_template
 
 CONTEXT: dict[str, Any] = {
     "incident_id": "INC-4211",
@@ -61,6 +61,32 @@ def test_missing_values_render_no_value(template: str) -> None:
 def test_missing_context_renders_no_value() -> None:
     assert render_template("id={{.incident_id}}", None) == "id=<no value>"
     assert render_template("id={{.incident_id}}", {}) == "id=<no value>"
+
+
+@pytest.mark.parametrize(
+    ("template", "missing"),
+    [
+        ("{{.incident_id}} on {{.device_id}}", []),
+        ("{{.nope}}", ["nope"]),
+        ("{{ .device.nope }} at {{.device.site.name}}", ["device.nope"]),
+        ("{{.device.id.deeper}} {{.hosts.first}}", ["device.id.deeper", "hosts.first"]),
+        ("owner {{.owner}}", ["owner"]),  # present but null renders <no value> too
+        ("{{.ticket}}, again {{ .ticket }}, then {{.nope}}", ["ticket", "nope"]),
+        ("{{.}}", []),
+    ],
+)
+def test_render_names_the_keys_that_had_no_value(template: str, missing: list[str]) -> None:
+    assert render(template, CONTEXT) == Rendered(render_template(template, CONTEXT), missing)
+
+
+def test_a_value_that_reads_no_value_is_not_a_missing_key() -> None:
+    assert render("{{.note}}", {"note": MISSING}) == Rendered(MISSING, [])
+
+
+def test_render_without_context_misses_every_key() -> None:
+    assert render("{{.incident_id}} on {{.device.id}}", None) == Rendered(
+        "<no value> on <no value>", ["incident_id", "device.id"]
+    )
 
 
 def test_whole_context_dot() -> None:
