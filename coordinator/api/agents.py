@@ -4,6 +4,11 @@ Builtin and disk personas are read-only here (409 saying why and what to do inst
 user persona under the name of a builtin or disk one shadows it: that is how a builtin is
 overridden; deleting the user persona brings the original back. Every change is broadcast, so
 the next spawn on any worker uses it.
+
+Concurrent edits are settled by the database (:mod:`coordinator.storage.personas`): of several
+creates of one name exactly one gets 201 and the others 409; concurrent PATCHes each apply their
+fields to what the others left (none is lost; for one field the later write wins); of concurrent
+DELETEs one gets 204 and the others 404.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from coordinator.api.schemas import (
     WarningOut,
 )
 from coordinator.catalog import COORDINATOR
-from registry.errors import FieldProblem, PersonaError
-from registry.parser import parse_persona
+from coordinator.storage.personas import PersonaBusy, PersonaExists
+from registry.errors import FieldProblem, NotFoundError, PersonaError
+from registry.parser import dump_persona, parse_persona, read_document
 from registry.persona import Persona, Source
 from workers.reload import broadcast_reload
 
@@ -62,14 +68,6 @@ def _persona_from(body: PersonaIn) -> Persona:
     return persona
 
 
-def _stored(svc: Services, name: str) -> bool:
-    """Whether the database holds a user persona of that name (even one that no longer loads)."""
-    try:
-        return svc.users.get(name) is not None
-    except PersonaError:
-        return True
-
-
 def _patch_changes(body: PersonaPatch) -> dict[str, Any]:
     """The fields sent; ``null`` means the field's default (a required field cannot be null)."""
     changes = body.model_dump(mode="json", exclude_unset=True)
@@ -83,6 +81,15 @@ def _patch_changes(body: PersonaPatch) -> dict[str, Any]:
     if changes.get("body", "") is None:
         changes["body"] = ""
     return changes
+
+
+def _patched(current: Persona, changes: dict[str, Any]) -> Persona:
+    """``current`` with ``changes`` applied to its frontmatter and body, validated like a file."""
+    data, body, _notes = read_document(dump_persona(current))
+    data.update({k: v for k, v in changes.items() if k != "body"})
+    if data.get("name") != current.name:
+        raise PersonaError([FieldProblem("name", "cannot be changed; create a new persona")])
+    return Persona.from_dict(data, body=changes.get("body", body))
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -125,19 +132,17 @@ def get_agent(name: str, who: Caller, svc: Svc) -> dict[str, Any]:
     "/v1/agents/custom", status_code=201, response_model=AgentChange, responses=_errors(403, 409)
 )
 def create_agent(body: PersonaIn, who: Editor, svc: Svc, response: Response) -> dict[str, Any]:
-    """Save a user persona. A builtin or disk persona of that name is shadowed (overridden)."""
+    """Save a new user persona (409 if one of that name exists). A builtin or disk persona of
+    that name is shadowed (overridden)."""
     persona = _persona_from(body)
-    snap = svc.snapshot()
-    existing = snap.personas.get(persona.name)
-    if (existing is not None and existing.source is Source.USER) or _stored(svc, persona.name):
-        raise Conflict(
-            f"agent {persona.name!r} already exists as a user persona: change it with "
-            f"PATCH /v1/agents/custom/{persona.name}, or DELETE it first",
-            {"name": persona.name},
-        )
-    svc.registry.replace(persona, who.user)
+    existing = svc.snapshot().personas.get(persona.name)
+    try:
+        svc.users.create(persona.model_copy(update={"source": Source.USER, "path": None}), who.user)
+    except PersonaExists as exc:
+        raise Conflict(str(exc), {"name": persona.name}) from None
+    svc.registry.reload()
     notice = None
-    if existing is not None:
+    if existing is not None and existing.source is not Source.USER:
         where = f" ({existing.path})" if existing.path else ""
         notice = (
             f"shadows the {existing.source} persona {persona.name!r}{where}; delete this user "
@@ -151,9 +156,25 @@ def create_agent(body: PersonaIn, who: Editor, svc: Svc, response: Response) -> 
     "/v1/agents/custom/{name}", response_model=AgentChange, responses=_errors(403, 404, 409)
 )
 def patch_agent(name: str, body: PersonaPatch, who: Editor, svc: Svc) -> dict[str, Any]:
-    """Change fields of a user persona; builtin and disk personas are read-only (409)."""
-    svc.snapshot()
-    svc.registry.patch(name, _patch_changes(body), who.user)
+    """Change fields of a user persona; builtin and disk personas are read-only (409).
+
+    Applied to the stored row under its lock: concurrent PATCHes wait for each other and
+    none overwrites another's fields (409 only if the row stayed locked past the store's lock
+    timeout).
+    """
+    changes = _patch_changes(body)
+    persona = svc.snapshot().get(name)  # 404 naming the agents that exist
+    if persona.source is not Source.USER:
+        # Refused before anything is written, with the message that says how to override it.
+        svc.registry.patch(name, changes, who.user)
+    try:
+        svc.users.update(name, lambda current: _patched(current, changes), who.user)
+    except NotFoundError:
+        svc.registry.reload()
+        raise NotFoundError("agent", name, svc.registry.snapshot().names()) from None
+    except PersonaBusy as exc:
+        raise Conflict(str(exc), {"name": name}, code="busy") from None
+    svc.registry.reload()
     return _changed(svc, name)
 
 
@@ -166,6 +187,13 @@ def patch_agent(name: str, body: PersonaPatch, who: Editor, svc: Svc) -> dict[st
 def delete_agent(name: str, who: Editor, svc: Svc) -> Response:
     """Delete a user persona; a builtin or disk persona it shadowed is visible again."""
     svc.snapshot()
-    svc.registry.delete(name)
+    if not svc.users.delete(name):
+        # Nothing of that name in the database: a builtin or disk persona is refused (409)
+        # and a name that is neither, or one deleted meanwhile, is 404.
+        snap = svc.registry.reload()
+        if snap.get(name).source is Source.USER:
+            raise NotFoundError("agent", name, snap.names())
+        svc.registry.delete(name)
+    svc.registry.reload()
     broadcast_reload(svc.client.redis)
     return Response(status_code=204)

@@ -21,6 +21,7 @@ NAMING_CONVENTION: dict[str, str] = {
     "pk": "pk_%(table_name)s",
 }
 
+
 def utcnow() -> datetime:
     """Now, timezone-aware, in UTC: what every timestamp column stores."""
     return datetime.now(UTC)

@@ -4,6 +4,9 @@ SQLite (the default: ``<data_dir>/ongrid.db``) and PostgreSQL (``ONGRID_DATABASE
 supported. The schema belongs to Alembic (``coordinator/storage/migrations``): :func:`upgrade`
 brings a database to the newest revision and is safe to run from several processes at once.
 :class:`Database` migrates on first contact, for processes that start while the database is down.
+
+Commands that only read (``ongrid agents list``) use :func:`open_read_only`: it creates no
+directory and no file, and its connections cannot write.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from alembic import command
 from alembic.config import Config
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import (
     Connection,
     Engine,
@@ -40,9 +46,14 @@ __all__ = [
     "alembic_config",
     "check",
     "database_url",
+    "head_revision",
+    "lock_timed_out",
     "locked_connection",
     "make_engine",
+    "open_read_only",
+    "schema_revision",
     "upgrade",
+    "write_transaction",
 ]
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -51,7 +62,8 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 PG_CONNECT_TIMEOUT = 10
 #: Key of the PostgreSQL advisory lock that serialises concurrent :func:`upgrade` calls.
 _MIGRATION_LOCK_KEY = 0x6F6E_6772_6964  # "ongrid"
-
+#: PostgreSQL's SQLSTATE for a lock not granted within ``lock_timeout``.
+_PG_LOCK_NOT_AVAILABLE = "55P03"
 
 
 class DatabaseUnavailable(OngridError):
@@ -61,13 +73,28 @@ class DatabaseUnavailable(OngridError):
 # -- engine ------------------------------------------------------------------------------------
 
 
-def database_url(settings: Settings) -> str:
-    """``settings.database_url``, else the SQLite file ``<data_dir>/ongrid.db`` (dir created)."""
+def database_url(settings: Settings, *, create: bool = True) -> str:
+    """``settings.database_url``, else the SQLite file ``<data_dir>/ongrid.db``.
+
+    ``create`` (the default, for processes that write) makes the data directory; without it
+    nothing is made, and the file may not exist.
+    """
     if settings.database_url:
         return _normalise(settings.database_url).render_as_string(hide_password=False)
     data_dir = settings.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    if create:
+        data_dir.mkdir(parents=True, exist_ok=True)
     return URL.create("sqlite+pysqlite", database=str(data_dir / "ongrid.db")).render_as_string()
+
+
+def open_read_only(settings: Settings) -> Engine | None:
+    """An engine on the database of ``settings`` whose connections cannot write, or None when
+    there is nothing to read: the SQLite file does not exist. Creates nothing."""
+    url = _normalise(database_url(settings, create=False))
+    sqlite_file = url.get_backend_name() == "sqlite" and not _in_memory(url)
+    if sqlite_file and not Path(str(url.database)).is_file():
+        return None
+    return make_engine(url, read_only=True)
 
 
 def _normalise(url: str | URL) -> URL:
@@ -78,27 +105,38 @@ def _normalise(url: str | URL) -> URL:
     return parsed
 
 
-def make_engine(url: str | URL) -> Engine:
+def make_engine(url: str | URL, *, read_only: bool = False) -> Engine:
     """An engine tuned for the backend: SQLite in WAL mode with a busy timeout and foreign keys
-    on; PostgreSQL with pre-ping and a connect timeout."""
+    on; PostgreSQL with pre-ping and a connect timeout.
+
+    ``read_only``: connections that cannot write (SQLite: the file opened ``mode=ro``, which
+    must exist, and its journal mode left alone; PostgreSQL: read-only transactions).
+    """
     parsed = _normalise(url)
     if parsed.get_backend_name() == "sqlite":
-        return _sqlite_engine(parsed)
+        return _sqlite_engine(parsed, read_only=read_only)
     kwargs: dict[str, Any] = {"pool_pre_ping": True}
     if parsed.get_backend_name() == "postgresql":
-        kwargs["connect_args"] = {
-            key: value
-            for key, value in {
-                "connect_timeout": PG_CONNECT_TIMEOUT,
-                "application_name": "ongrid",
-            }.items()
-            if key not in parsed.query
+        wanted: dict[str, Any] = {
+            "connect_timeout": PG_CONNECT_TIMEOUT,
+            "application_name": "ongrid",
         }
+        if read_only:
+            wanted["options"] = "-c default_transaction_read_only=on"
+        kwargs["connect_args"] = {k: v for k, v in wanted.items() if k not in parsed.query}
     return create_engine(parsed, **kwargs)
 
 
-def _sqlite_engine(url: URL) -> Engine:
-    in_memory = url.database in (None, "", ":memory:")
+def _in_memory(url: URL) -> bool:
+    return url.database in (None, "", ":memory:")
+
+
+def _sqlite_engine(url: URL, *, read_only: bool = False) -> Engine:
+    in_memory = _in_memory(url)
+    if read_only and not in_memory:
+        # SQLite's URI form is the only way to open a file without creating it or writing to it.
+        path = Path(str(url.database)).resolve().as_posix()
+        url = url.set(database=f"file:{quote(path)}", query={"mode": "ro", "uri": "true"})
     # One shared connection for an in-memory database: the default pool gives each thread its
     # own, i.e. its own empty database.
     engine = create_engine(
@@ -112,7 +150,9 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-            if not in_memory:
+            if read_only:
+                cursor.execute("PRAGMA query_only = ON")
+            elif not in_memory:
                 _use_wal(cursor)
             cursor.execute("PRAGMA foreign_keys = ON")
         finally:
@@ -154,6 +194,20 @@ def check(engine: Engine) -> None:
 
 
 # -- migrations --------------------------------------------------------------------------------
+
+
+def head_revision() -> str:
+    """The schema revision this version of the code migrates to."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no migrations in {MIGRATIONS_DIR}")
+    return head
+
+
+def schema_revision(engine: Engine) -> str | None:
+    """The revision the database is at; None when it was never migrated. Only reads."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
 
 
 def alembic_config(url: str | URL | None = None) -> Config:
@@ -212,6 +266,48 @@ def locked_connection(engine: Engine) -> Iterator[Connection]:
             conn.exec_driver_sql("COMMIT")
         finally:
             conn.exec_driver_sql("PRAGMA foreign_keys = ON")
+
+
+@contextmanager
+def write_transaction(
+    engine: Engine, lock_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS
+) -> Iterator[Connection]:
+    """A transaction for a read-modify-write, committed on success, rolled back on error.
+
+    SQLite: ``BEGIN IMMEDIATE``, i.e. the database's write lock from the start (a deferred
+    transaction that reads first could not upgrade to writing once another writer committed).
+    PostgreSQL: a plain transaction whose ``SELECT … FOR UPDATE`` takes the row lock. Either way
+    waiting for a lock is bounded by ``lock_timeout_ms``; past it the driver raises
+    ``OperationalError`` (see :func:`lock_timed_out`).
+    """
+    if engine.dialect.name != "sqlite":
+        with engine.begin() as conn:
+            if engine.dialect.name == "postgresql":
+                conn.execute(text(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}"))
+            yield conn
+        return
+    with engine.connect() as base:
+        conn = base.execution_options(isolation_level="AUTOCOMMIT")
+        conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(lock_timeout_ms)}")
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.exec_driver_sql("ROLLBACK")
+                raise
+            conn.exec_driver_sql("COMMIT")
+        finally:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+
+
+def lock_timed_out(exc: SQLAlchemyError) -> bool:
+    """Whether ``exc`` says a lock was not granted in time (PostgreSQL's ``lock_timeout``,
+    SQLite's busy timeout)."""
+    orig = getattr(exc, "orig", None)
+    if getattr(orig, "sqlstate", None) == _PG_LOCK_NOT_AVAILABLE:
+        return True
+    return getattr(orig, "sqlite_errorname", None) in {"SQLITE_BUSY", "SQLITE_LOCKED"}
 
 
 class Database:

@@ -30,13 +30,22 @@ from coordinator.storage.engine import (
     alembic_config,
     check,
     database_url,
+    head_revision,
     locked_connection,
     make_engine,
+    open_read_only,
+    schema_revision,
     upgrade,
 )
-from coordinator.storage.personas import AgentRow, SqlUserStore
+from coordinator.storage.personas import (
+    AgentRow,
+    PersonaBusy,
+    PersonaExists,
+    ReadOnlyUserStore,
+    SqlUserStore,
+)
 from registry.defaults import build_registry
-from registry.errors import NotFoundError, PersonaError, UserError
+from registry.errors import NotFoundError, PersonaError, ReadOnlyError, UserError
 from registry.parser import dump_persona, load_persona_file, parse_persona
 from registry.persona import Persona, Source
 from registry.settings import Settings
@@ -387,6 +396,226 @@ def test_concurrent_upserts_of_one_persona_count_every_revision(store: SqlUserSt
     stored = store.get("disk_checker")
     assert stored is not None and stored.revision == 100
     assert stored.persona.description in {"alice #49", "bob #49"}
+
+
+def _race(count: int, work) -> list[object]:
+    """Run ``work(i)`` in ``count`` threads released at once; each one's result or exception."""
+    barrier = threading.Barrier(count)
+    results: list[object] = [None] * count
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = work(i)
+        except BaseException as exc:  # noqa: BLE001 - the caller asserts on what each got
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_create_inserts_once_and_refuses_a_stored_name(store: SqlUserStore) -> None:
+    store.create(_persona(), user="alice")
+    with pytest.raises(PersonaExists, match="'disk_checker' already exists.*PATCH") as info:
+        store.create(_persona(description="Another."), user="bob")
+    assert info.value.name == "disk_checker"
+    stored = store.get("disk_checker")
+    assert stored is not None
+    assert (stored.revision, stored.created_by, stored.persona.description) == (
+        1,
+        "alice",
+        "Check disks.",
+    )
+    with pytest.raises(UserError, match="longer than 255"):
+        store.create(_persona("x" * 256))
+
+
+def test_concurrent_creates_of_one_name_let_exactly_one_in(store: SqlUserStore) -> None:
+    results = _race(8, lambda i: store.create(_persona(description=f"Writer {i}."), f"u{i}"))
+    winners = [i for i, r in enumerate(results) if r is None]
+    losers = [r for r in results if r is not None]
+    assert len(winners) == 1, results
+    assert len(losers) == 7 and all(isinstance(r, PersonaExists) for r in losers), losers
+    stored = store.get("disk_checker")
+    assert stored is not None and stored.revision == 1
+    assert (stored.created_by, stored.persona.description) == (
+        f"u{winners[0]}",
+        f"Writer {winners[0]}.",
+    )
+
+
+def test_concurrent_updates_of_different_fields_all_land(store: SqlUserStore) -> None:
+    store.create(_persona(unknown_fields={"a": 0, "b": 0}))
+    rounds = 15
+
+    def bump(key: str):
+        def change(current: Persona) -> Persona:
+            fields = {**current.unknown_fields, key: current.unknown_fields[key] + 1}
+            return current.model_copy(update={"unknown_fields": fields})
+
+        return change
+
+    def writer(i: int) -> None:
+        key = "ab"[i % 2]
+        for _ in range(rounds):
+            store.update("disk_checker", bump(key), user=key)
+
+    assert _race(4, writer) == [None] * 4
+    stored = store.get("disk_checker")
+    assert stored is not None
+    # Every increment of every writer is there: none read a value another then overwrote.
+    assert stored.persona.unknown_fields == {"a": 2 * rounds, "b": 2 * rounds}
+    assert stored.revision == 1 + 4 * rounds
+
+
+def test_update_never_brings_back_a_deleted_persona_and_writes_nothing_on_error(
+    store: SqlUserStore,
+) -> None:
+    with pytest.raises(NotFoundError, match="unknown user persona 'disk_checker'"):
+        store.update("disk_checker", lambda p: p)
+    store.create(_persona())
+
+    def refuse(current: Persona) -> Persona:
+        raise PersonaError([])
+
+    with pytest.raises(PersonaError):
+        store.update("disk_checker", refuse)
+    with pytest.raises(PersonaError, match="name: cannot be changed"):
+        store.update("disk_checker", lambda p: p.model_copy(update={"name": "other"}))
+    stored = store.get("disk_checker")
+    assert stored is not None and stored.revision == 1
+
+    written = store.update(
+        "disk_checker", lambda p: p.model_copy(update={"description": "v2"}), user="bob"
+    )
+    assert (written.revision, written.updated_by, written.persona.description) == (2, "bob", "v2")
+    assert store.get("disk_checker") == written
+
+    assert store.delete("disk_checker")
+    with pytest.raises(NotFoundError):
+        store.update("disk_checker", lambda p: p.model_copy(update={"description": "v3"}))
+    assert store.get("disk_checker") is None
+
+
+def test_an_update_waits_for_another_change_and_gives_up_after_the_lock_timeout(
+    migrated: Engine,
+) -> None:
+    store = SqlUserStore(migrated, lock_timeout_ms=300)
+    store.create(_persona())
+    entered, release = threading.Event(), threading.Event()
+
+    def slow(current: Persona) -> Persona:
+        entered.set()
+        assert release.wait(30), "the test never released the first update"
+        return current.model_copy(update={"description": "first"})
+
+    first = threading.Thread(target=lambda: store.update("disk_checker", slow, "alice"))
+    first.start()
+    try:
+        assert entered.wait(30), "the first update never read the row"
+        with pytest.raises(PersonaBusy, match="being changed by someone else.*0.3 s"):
+            store.update("disk_checker", lambda p: p.model_copy(update={"description": "x"}))
+    finally:
+        release.set()
+        first.join()
+    stored = store.get("disk_checker")
+    assert stored is not None
+    assert (stored.persona.description, stored.revision, stored.updated_by) == (
+        "first",
+        2,
+        "alice",
+    )
+    # The lock is gone with the first transaction: the next update goes through.
+    store.update("disk_checker", lambda p: p.model_copy(update={"description": "next"}))
+    assert store.get("disk_checker").revision == 3  # type: ignore[union-attr]
+
+
+# -- reading without creating --------------------------------------------------------------------
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_database_url_without_create_makes_nothing(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    url = make_url(database_url(Settings(data_dir=data_dir), create=False))
+    assert url.database == str(data_dir.resolve() / "ongrid.db")
+    assert open_read_only(Settings(data_dir=data_dir)) is None
+    assert _tree(tmp_path) == []
+    store = ReadOnlyUserStore.open(Settings(data_dir=data_dir))
+    assert (store.list(), store.problems()) == ([], [])
+    assert _tree(tmp_path) == []
+
+
+def test_the_read_only_store_reads_and_cannot_write(db_url: URL, tmp_path: Path) -> None:
+    writer = make_engine(db_url)
+    try:
+        upgrade(writer)
+        SqlUserStore(writer).upsert(_persona(), user="alice")
+    finally:
+        writer.dispose()
+    settings = Settings(database_url=db_url.render_as_string(hide_password=False))
+    store = ReadOnlyUserStore.open(settings)
+    try:
+        assert [p.name for p in store.list()] == ["disk_checker"] and store.problems() == []
+        with pytest.raises(ReadOnlyError, match="opened read-only"):
+            store.upsert(_persona("other"))
+        with pytest.raises(ReadOnlyError, match="opened read-only"):
+            store.delete("disk_checker")
+    finally:
+        store.close()
+    engine = open_read_only(settings)
+    assert engine is not None
+    try:
+        with pytest.raises(SQLAlchemyError, match="read"), engine.begin() as conn:
+            conn.execute(insert(AgentRow).values(name="sneaky", markdown="x"))
+        assert [p.name for p in SqlUserStore(engine).list()] == ["disk_checker"]
+    finally:
+        engine.dispose()
+
+
+def test_the_read_only_store_neither_migrates_nor_hides_an_old_schema(db_url: URL) -> None:
+    url = db_url.render_as_string(hide_password=False)
+    if db_url.get_backend_name() == "sqlite":
+        Path(str(db_url.database)).touch()  # an empty file: a database with no schema
+    settings = Settings(database_url=url)
+
+    store = ReadOnlyUserStore.open(settings)
+    engine = make_engine(url)
+    try:
+        assert store.list() == []
+        [(name, reason)] = store.problems()
+        assert name == "*" and "has no schema yet" in reason and "ongrid api" in reason
+        assert not TABLES & set(inspect(engine).get_table_names())  # still nothing migrated
+        upgrade(engine)
+        SqlUserStore(engine).upsert(_persona())
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '0000_older'"))
+        [persona] = store.list()
+        [(_, reason)] = store.problems()
+        assert persona.name == "disk_checker"
+        assert f"at schema revision 0000_older, this version expects {head_revision()}" in reason
+        assert schema_revision(engine) == "0000_older"  # left as it was
+    finally:
+        store.close()
+        engine.dispose()
+
+
+def test_the_read_only_store_reports_an_unreachable_database() -> None:
+    settings = Settings(database_url="postgresql+psycopg://postgres:secret@127.0.0.1:1/ongrid")
+    store = ReadOnlyUserStore.open(settings)
+    try:
+        assert store.list() == []
+        [(name, reason)] = store.problems()
+    finally:
+        store.close()
+    assert name == "*" and "user personas could not be read from" in reason
+    assert "127.0.0.1:1" in reason and "secret" not in reason
 
 
 # -- chat sessions -----------------------------------------------------------------------------
