@@ -15,8 +15,11 @@ Why these settings:
   specialists run on).
 
 Pool: spawns spend almost all their time waiting on the model, so workers use the **threads**
-pool with a high concurrency (``ONGRID_WORKER_CONCURRENCY``, default 256): one process holds
-hundreds of spawns in flight. A pool of one process per spawn (prefork) would not.
+pool with a high concurrency (``-c``, default 256): one process holds hundreds of spawns in
+flight. A pool of one process per spawn (prefork) would not.
+
+This app only knows how to send and route tasks; a worker process also needs the runtime its
+spawn task runs on, which :func:`coordinator.worker.worker_app` adds (every entry point uses it).
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def _run_spawn(task: Any, spawn_id: str, persona: str) -> dict[str, Any]:
-    """Run or resume one spawn. ``persona`` is only there so Flower shows who runs."""
+    """Run or resume one spawn. ``persona`` is only there so Flower shows who runs. The runtime
+    is the one the worker process's builder registered before the worker took any task."""
     from workers.runtime import worker_runtime
 
     return worker_runtime().execute(spawn_id)

@@ -5,9 +5,10 @@ Used by the CLI now and by the coordinator and HTTP API later.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import redis
@@ -15,19 +16,37 @@ from celery import Celery
 
 from registry.agent_registry import AgentRegistry, Snapshot
 from registry.defaults import build_registry
-from registry.errors import NotFoundError, UserError
+from registry.errors import NotFoundError, UserError, WorkerDraining
 from registry.settings import Settings
 from registry.template import check_context
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, SPAWN_TASK, make_celery
+from workers.consumers import NoConsumer, live_consumers
 from workers.events import EventBus
-from workers.messages import Event
+from workers.messages import Event, TaskNotification
 from workers.reload import broadcast_reload
 from workers.spawns import SpawnRecord, SpawnStore
 
-__all__ = ["SpawnClient", "enqueue"]
+__all__ = [
+    "STRANDED_CHECK_EVERY",
+    "STRANDED_GRACE",
+    "NoConsumer",
+    "SpawnClient",
+    "StrandedWatch",
+    "enqueue",
+]
 
 
 _apps: dict[str, Celery] = {}
+#: Statuses of a spawn that waits for a worker (``running`` only once its lease is gone).
+_UNHELD = ("queued", "running")
+_FAIL_TRIES = 8
+#: Seconds a watched spawn may wait on a queue with no live consumer before it is failed: long
+#: enough for the only worker of a queue to restart in place (a warm shutdown withdraws its
+#: queues at once; the new process needs a few seconds to be ready), short enough not to leave
+#: a person looking at silence. A worker that died is noticed ``CONSUMER_TTL`` later still.
+STRANDED_GRACE = 15.0
+#: Seconds between two looks at the spawns a :class:`StrandedWatch` follows.
+STRANDED_CHECK_EVERY = 2.0
 
 
 def _app(settings: Settings) -> Celery:
@@ -66,13 +85,16 @@ class SpawnClient:
         spawn_id: str | None = None,
         reason: str = "",
         queue: str | None = None,
+        require_consumer: bool = True,
     ) -> SpawnRecord:
         """Enqueue a spawn. Unknown persona or role: :class:`UserError` naming what exists.
 
         With ``spawn_id``, spawning is idempotent: a spawn of that id that exists already is
         returned as it is (a resumed coordinator re-attaches to the specialist it started).
         ``queue`` names a registered persona's own queue (the coordinator's); the registry is
-        not consulted for it.
+        not consulted for it. A queue no live worker consumes is refused with
+        :class:`~workers.consumers.NoConsumer` before anything is written, unless
+        ``require_consumer`` is false (for workers that scale up from zero on queue length).
         """
         if spawn_id is not None:
             existing = self.store.get(spawn_id)
@@ -93,6 +115,8 @@ class SpawnClient:
         role = role or self.settings.default_role
         if role not in self.settings.roles:
             raise NotFoundError("role", role, sorted(self.settings.roles))
+        if require_consumer:
+            self.require_consumer(queue)
         record = SpawnRecord(
             session_id=session_id or uuid.uuid4().hex,
             persona=persona,
@@ -103,20 +127,88 @@ class SpawnClient:
             background=background,
             queue=queue,
             reason=reason,
-            **({"spawn_id": spawn_id} if spawn_id else {}),
+            spawn_id=spawn_id or uuid.uuid4().hex,
         )
         self.store.create(record)
         enqueue(self.settings, record)
         return record
 
-    def wait(self, spawn_id: str, timeout: float | None = None) -> SpawnRecord:
+    # -- queues nobody consumes ---------------------------------------------------------------
+
+    def consumers(self, *queues: str) -> dict[str, list[str]]:
+        """The live workers of each queue (see :mod:`workers.consumers`)."""
+        return live_consumers(self.redis, queues)
+
+    def require_consumer(self, queue: str) -> None:
+        """:class:`NoConsumer` unless a live worker consumes ``queue``."""
+        if not self.consumers(queue)[queue]:
+            raise NoConsumer(queue)
+
+    def fail_unconsumed(self, spawn_id: str) -> SpawnRecord | None:
+        """End a spawn that waits for a worker on a queue no live worker consumes.
+
+        Only a spawn no attempt holds (``queued``, or ``running`` with its lease expired) is
+        ended: ``failed``, its error and ``task_notification`` naming the queue and the command
+        that starts a worker for it. The write is a transaction over the record and its lease,
+        so a worker that claims the spawn at the same moment either wins or finds it finished.
+        Returns the failed record; ``None`` when the spawn was left as it is.
+        """
+        failed = self._fail_unheld(spawn_id)
+        if failed is None:
+            return None
+        note = TaskNotification(
+            session_id=failed.session_id,
+            spawn_id=failed.spawn_id,
+            status="failed",
+            persona=failed.persona,
+            message=failed.error,
+        )
+        index = failed.state.event_index if failed.state else 0
+        self.bus.publish(note, dedup_key=f"spawn:{spawn_id}", dedup_index=index)
+        return failed
+
+    def served(self, record: SpawnRecord) -> bool:
+        """Whether a live worker consumes the spawn's queue (a record without one: assume so)."""
+        return not record.queue or bool(self.consumers(record.queue)[record.queue])
+
+    def _fail_unheld(self, spawn_id: str) -> SpawnRecord | None:
+        key, lease = self.store._key(spawn_id), self.store.lease_key(spawn_id)
+        with self.redis.pipeline() as pipe:
+            for _ in range(_FAIL_TRIES):
+                try:
+                    pipe.watch(key, lease)
+                    raw: Any = pipe.get(key)  # watched: the pipeline answers at once
+                    if not raw or pipe.exists(lease):
+                        return None
+                    record = SpawnRecord.model_validate_json(raw)
+                    if record.status not in _UNHELD or self.served(record):
+                        return None
+                    record.status = "failed"
+                    record.error = str(NoConsumer(record.queue))
+                    record.updated = time.time()
+                    pipe.multi()
+                    pipe.set(key, record.model_dump_json(), keepttl=True)
+                    pipe.srem(self.store.active_key, spawn_id)
+                    pipe.execute()
+                    return record
+                except redis.WatchError:
+                    continue  # claimed, decided or cancelled meanwhile: look again
+        return None
+
+    def wait(
+        self, spawn_id: str, timeout: float | None = None, *, stop: threading.Event | None = None
+    ) -> SpawnRecord:
         """Block until the spawn is finished or waits for a person; TimeoutError otherwise.
+
+        ``stop``: give up as soon as it is set (the waiting worker shuts down), raising
+        :class:`~registry.errors.WorkerDraining`; the spawn itself runs on.
 
         The ``task_notification`` event is published just before the final record is written
         (a crash in between then repeats the notification, de-duplicated, instead of losing it),
         so a reader that saw the event waits here for the record rather than reading it once.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        stop = stop if stop is not None else threading.Event()
         delay = 0.05
         while True:
             record = self.store.get(spawn_id)
@@ -124,9 +216,14 @@ class SpawnClient:
                 raise NotFoundError("spawn", spawn_id)
             if record.finished or record.status == "waiting":
                 return record
+            if stop.is_set():
+                raise WorkerDraining(
+                    f"stopped waiting for spawn {spawn_id} ({record.status}): this worker is "
+                    "shutting down"
+                )
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"spawn {spawn_id} still {record.status} after {timeout}s")
-            time.sleep(delay)
+            stop.wait(delay)
             delay = min(delay * 1.5, 0.5)
 
     def events(self, session_id: str, after_seq: int = 0, **kwargs: Any) -> Iterator[Event]:
@@ -148,19 +245,73 @@ class SpawnClient:
             enqueue(self.settings, record)
 
     def decide(self, spawn_id: str, call_id: str, user: str, approve: bool) -> SpawnRecord:
-        """Record a person's decision on a call that waits for confirmation, then resume."""
-        record = self.store.get(spawn_id)
-        if record is None or record.state is None:
-            raise NotFoundError("spawn", spawn_id)
-        if record.status != "waiting" or call_id not in record.state.approvals:
-            raise UserError(f"spawn {spawn_id} is not waiting for a decision on {call_id!r}")
-        approval = record.state.approvals[call_id]
-        if approve:
-            if user not in approval.approved_by:
-                approval.approved_by.append(user)
-        else:
-            approval.denied_by = user
-        record.status = "queued"
-        self.store.save_unfenced(record)
-        enqueue(self.settings, record)
+        """Record a person's decision on a call that waits for confirmation; the decision that
+        settles the call (a denial, or the last approval it needs) resumes the spawn.
+
+        Atomic (:meth:`SpawnStore.decide`): concurrent decisions are each recorded or refused,
+        never lost, and exactly one of them enqueues the spawn. Refused with
+        :class:`~workers.spawns.NotWaiting` or :class:`~workers.spawns.AlreadyDecided`.
+        """
+        record, settled = self.store.decide(spawn_id, call_id, user, approve)
+        if settled:
+            enqueue(self.settings, record)
         return record
+
+
+class StrandedWatch:
+    """The spawns a person waits on; :meth:`check` fails those stranded on an unserved queue.
+
+    A spawn is stranded once it has waited unheld (``queued``, or ``running`` with no lease) on a
+    queue with no live consumer for ``grace`` seconds on end; a consumer seen in between starts
+    the count again. Whoever follows a spawn's events (the chat stream, ``ongrid spawn``) calls
+    :meth:`check` every few seconds, so a worker that disappears after the spawn was accepted
+    ends in a ``task_notification`` naming the queue instead of silence.
+    """
+
+    def __init__(
+        self, client: SpawnClient, spawn_ids: Iterable[str] = (), grace: float = STRANDED_GRACE
+    ) -> None:
+        self.client, self.grace = client, grace
+        self._since: dict[str, float | None] = dict.fromkeys(spawn_ids)
+        self._lock = threading.Lock()
+
+    def watch(self, spawn_id: str) -> None:
+        with self._lock:
+            self._since.setdefault(spawn_id, None)
+
+    def check(self) -> list[SpawnRecord]:
+        """Look at every watched spawn once; returns those this call failed."""
+        with self._lock:
+            watched = list(self._since)
+        failed = []
+        for spawn_id in watched:
+            record = self.client.store.get(spawn_id)
+            if record is None or record.finished:
+                self._forget(spawn_id)
+            elif self._unserved(record):
+                first = self._first_seen(spawn_id)
+                if time.monotonic() - first >= self.grace:
+                    done = self.client.fail_unconsumed(spawn_id)
+                    if done is not None:
+                        failed.append(done)
+                        self._forget(spawn_id)
+            else:
+                with self._lock:
+                    self._since[spawn_id] = None
+        return failed
+
+    def _unserved(self, record: SpawnRecord) -> bool:
+        if record.status not in _UNHELD or self.client.store.leased(record.spawn_id):
+            return False
+        return not self.client.served(record)
+
+    def _first_seen(self, spawn_id: str) -> float:
+        with self._lock:
+            first = self._since.get(spawn_id)
+            if first is None:
+                first = self._since[spawn_id] = time.monotonic()
+            return first
+
+    def _forget(self, spawn_id: str) -> None:
+        with self._lock:
+            self._since.pop(spawn_id, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import cast
 
 import redis
 
@@ -26,14 +27,14 @@ def _keys(prefix: str) -> tuple[str, str]:
 def broadcast_reload(client: redis.Redis, prefix: str = "ongrid:") -> int:
     """Bump the registry version and tell every live process. Returns the new version."""
     version_key, channel = _keys(prefix)
-    version = int(client.incr(version_key))
+    version = int(cast(int, client.incr(version_key)))
     client.publish(channel, str(version))
     return version
 
 
 def cluster_version(client: redis.Redis, prefix: str = "ongrid:") -> int:
     """The cluster's registry version (0 before the first reload)."""
-    return int(client.get(_keys(prefix)[0]) or 0)
+    return int(cast(bytes | None, client.get(_keys(prefix)[0])) or 0)
 
 
 class RegistryFollower:

@@ -5,18 +5,28 @@ coordinator's turn starts (:func:`coordinator.turns.start_turn`) and picks a spe
 response streams the session's events (SSE) until the turn's spawn sends its
 ``task_notification``; for a background persona, until its ``agent_tile`` (its result arrives
 later, on ``GET …/events``). A client that goes away ends only its stream, never the turn.
+
+Nobody is left waiting on a queue no worker consumes: a turn whose queue has no live consumer
+is refused before it starts (503, naming the queue and the command that starts a worker for
+it), and while the stream is open, the turn's spawn or a specialist its coordinator dispatched
+that waits unheld on such a queue for a few seconds (its worker died) is failed, with a
+``task_notification`` that says the same.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
+import redis
 from fastapi import APIRouter, Header, Query
 from starlette.concurrency import run_in_threadpool
 
+from coordinator.agent_tool import child_spawn_id
 from coordinator.api import _answers
 from coordinator.api._sse import EventStreamResponse, follow
 from coordinator.api.deps import Caller, Chats, OwnedSession, Services, Svc
@@ -34,10 +44,14 @@ from coordinator.auth import Principal
 from coordinator.storage.chats import ChatSession
 from coordinator.turns import start_turn
 from registry.errors import NotFoundError
+from registry.tools import AGENT_TOOL_NAME
+from workers.client import STRANDED_CHECK_EVERY, StrandedWatch
 from workers.messages import Event
 from workers.spawns import SpawnRecord
 
 __all__ = ["router"]
+
+log = logging.getLogger(__name__)
 
 _SSE_DOC: dict[int | str, dict[str, Any]] = {
     200: {
@@ -129,23 +143,47 @@ def _open_turn(
     return _Turn(session_id, record, after)
 
 
+async def _fail_stranded(watch: StrandedWatch, stop: asyncio.Event) -> None:
+    """Every few seconds, fail the turn's spawns that wait on a queue nobody consumes: their
+    ``task_notification`` then ends the stream with the queue and the command to run."""
+    while not stop.is_set():
+        await asyncio.sleep(STRANDED_CHECK_EVERY)
+        try:
+            await run_in_threadpool(watch.check)
+        except redis.RedisError as exc:  # the stream itself reports a lost Redis
+            log.warning("could not check the queues of a turn's spawns: %s", exc)
+
+
 def _turn_stream(svc: Services, turn: _Turn) -> EventStreamResponse:
-    async def settle(event: Event) -> None:
+    # The turn's spawn, and the specialists a coordinator dispatches (their ids follow from
+    # its call ids): a worker lost after the enqueue must not leave the person in silence.
+    watch = StrandedWatch(svc.client, [turn.record.spawn_id])
+
+    async def observe(event: Event) -> None:
+        if event.type == "tool_call" and event.name == AGENT_TOOL_NAME:
+            watch.watch(child_spawn_id(event.spawn_id, event.call_id))
         if event.type == "task_notification" and event.spawn_id == turn.record.spawn_id:
             await run_in_threadpool(
                 _answers.settle, svc.chats, svc.client.store, turn.session_id, event.spawn_id
             )
 
-    def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
-        return follow(
-            svc.client.redis,
-            svc.redis_url,
-            turn.session_id,
-            turn.after,
-            stop,
-            until=turn.ends_with,
-            on_event=settle,
-        )
+    async def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
+        watchdog = asyncio.create_task(_fail_stranded(watch, stop))
+        try:
+            events = follow(
+                svc.client.redis,
+                svc.redis_url,
+                turn.session_id,
+                turn.after,
+                stop,
+                until=turn.ends_with,
+                on_event=observe,
+            )
+            async with aclosing(cast(AsyncGenerator[bytes, None], events)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            watchdog.cancel()
 
     headers = {"X-Session-Id": turn.session_id, "X-Spawn-Id": turn.record.spawn_id}
     return EventStreamResponse(stream, headers=headers)

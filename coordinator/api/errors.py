@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from coordinator.auth import Forbidden, Unauthorized
 from coordinator.storage.engine import DatabaseUnavailable
 from registry.errors import FieldProblem, NotFoundError, PersonaError, ReadOnlyError, UserError
+from workers.consumers import NoConsumer
 
 __all__ = [
     "ApiError",
@@ -161,6 +162,10 @@ async def _database_refused(request: Request, exc: DataError) -> JSONResponse:
     return error_response(422, "invalid_request", f"the database refused a value: {reason}")
 
 
+async def _no_consumer(request: Request, exc: NoConsumer) -> JSONResponse:
+    return error_response(503, "no_consumer", str(exc), {"queue": exc.queue})
+
+
 async def _redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
     log.warning("redis error on %s %s: %s", request.method, request.url.path, exc)
     return error_response(503, "redis_unavailable", f"Redis is unreachable: {exc}")
@@ -198,6 +203,7 @@ def install_error_handlers(app: FastAPI) -> None:
         DatabaseUnavailable: _database_down,
         OperationalError: _database_down,
         DataError: _database_refused,
+        NoConsumer: _no_consumer,
         redis.ConnectionError: _redis_down,
         redis.TimeoutError: _redis_down,
         StarletteHTTPException: _http_error,

@@ -1,16 +1,24 @@
-"""Liveness and readiness probes; no token needed."""
+"""Liveness and readiness probes; no token needed.
+
+Ready means a chat can be answered: Redis and the database answer, and each of the runtime's
+queues has a live consumer (a worker advertising it, :mod:`workers.consumers`). A queue nobody
+consumes would take a turn and never run it, so the probe names it and the command to run.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.deps import Services, Svc
 from coordinator.api.schemas import HealthOut, ReadyOut
 from coordinator.storage.engine import DatabaseUnavailable
+from workers.celery_app import QUEUES
+from workers.consumers import NoConsumer, live_consumers
 
-__all__ = ["router"]
+__all__ = ["QueueOut", "ReadinessOut", "router"]
 
 router = APIRouter(tags=["health"])
 
@@ -21,8 +29,22 @@ async def healthz() -> HealthOut:
     return HealthOut()
 
 
-def _checks(svc: Services) -> dict[str, str]:
+class QueueOut(BaseModel):
+    consumers: int = Field(description="Live workers consuming the queue.")
+    workers: list[str] = Field(description="Each of them, as `<hostname> pid <pid>`.")
+
+
+class ReadinessOut(ReadyOut):
+    queues: dict[str, QueueOut] = Field(
+        default_factory=dict,
+        description="Each queue of the runtime with its live consumers (empty while Redis is "
+        "down); a queue with none is a failed check of its own name in `checks`.",
+    )
+
+
+def _readiness(svc: Services) -> ReadinessOut:
     checks: dict[str, str] = {}
+    queues: dict[str, QueueOut] = {}
     try:
         svc.probe.ping()
         checks["redis"] = "ok"
@@ -33,19 +55,30 @@ def _checks(svc: Services) -> dict[str, str]:
         checks["database"] = "ok"
     except DatabaseUnavailable as exc:
         checks["database"] = str(exc)
-    return checks
+    try:
+        found = live_consumers(svc.probe, QUEUES.values())
+    except Exception as exc:  # noqa: BLE001 - as above
+        found = {}
+        checks.update(dict.fromkeys(QUEUES.values(), f"unknown: cannot read Redis: {exc}"))
+    for queue, workers in found.items():
+        queues[queue] = QueueOut(consumers=len(workers), workers=workers)
+        checks[queue] = "ok" if workers else str(NoConsumer(queue))
+    ok = all(value == "ok" for value in checks.values())
+    return ReadinessOut(status="ok" if ok else "unavailable", checks=checks, queues=queues)
 
 
 @router.get(
     "/readyz",
-    response_model=ReadyOut,
+    response_model=ReadinessOut,
     responses={
-        503: {"model": ReadyOut, "description": "A dependency is down; `checks` says which."}
+        503: {
+            "model": ReadinessOut,
+            "description": "A dependency is down or a queue has no consumer; `checks` says which.",
+        }
     },
 )
 async def readyz(svc: Svc) -> JSONResponse:
-    """Ready when Redis answers PING and the database answers (and is migrated)."""
-    checks = await run_in_threadpool(_checks, svc)
-    ok = all(value == "ok" for value in checks.values())
-    body = ReadyOut(status="ok" if ok else "unavailable", checks=checks)
-    return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+    """Ready when Redis answers PING, the database answers (and is migrated) and every queue
+    has a live consumer."""
+    body = await run_in_threadpool(_readiness, svc)
+    return JSONResponse(body.model_dump(), status_code=200 if body.status == "ok" else 503)

@@ -392,12 +392,19 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
 # == health ========================================================================================
 
 
-def test_healthz_and_readyz(api: Api):
-    anonymous = api.client(user=None)
+def test_healthz_and_readyz(spawning: Api, cluster: Cluster):
+    anonymous = spawning.client(user=None)
     assert anonymous.get("/healthz").json() == {"status": "ok"}
     ready = anonymous.get("/readyz")
-    assert ready.status_code == 200
-    assert ready.json() == {"status": "ok", "checks": {"redis": "ok", "database": "ok"}}
+    assert ready.status_code == 200, ready.text
+    queues = Worker.QUEUES.split(",")  # each served by the cluster's worker
+    body = ready.json()
+    assert body["status"] == "ok"
+    assert body["checks"] == {"redis": "ok", "database": "ok", **dict.fromkeys(queues, "ok")}
+    assert set(body["queues"]) == set(queues)
+    for queue in body["queues"].values():
+        assert queue["consumers"] == len(queue["workers"])
+        assert any(w.endswith(f" pid {cluster.worker.proc.pid}") for w in queue["workers"])
 
 
 def test_readyz_503_when_the_database_is_down(site: Site, redis_db: redis.Redis):

@@ -28,6 +28,8 @@ from schemathesis.checks import (
 
 from coordinator.api import create_app
 from registry.settings import Settings, TokenGrant, token_digest
+from workers.celery_app import QUEUES
+from workers.consumers import QueueAdvertiser
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
 TOKEN = "fuzz-admin-token-00000001"
@@ -60,7 +62,11 @@ def app(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FastAPI]:
         token_grants={token_digest(TOKEN): TokenGrant(user="fuzzer", role="admin")},
     )
     made = create_app(settings)
+    # /readyz is ready only while every queue has a live consumer: advertise one, as a worker does.
+    advertiser = QueueAdvertiser(client, "fuzz", QUEUES.values)
+    advertiser.start()
     yield made
+    advertiser.stop()
     made.state.services.close()
     client.flushdb()
     client.close()

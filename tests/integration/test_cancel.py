@@ -36,7 +36,8 @@ def test_cancel_of_a_spawn_that_is_not_running(cluster: Cluster):
     cluster.persona("fixer", tools=["restart_thing"], permission_mode="mutating-with-confirm")
     cluster.fake.script([call("restart_thing", turn=0), final("Restarted.", turn=1)])
     client = cluster.client
-    queued = client.spawn("fixer", "Cancelled before any worker took it.")
+    # No worker yet, on purpose: the spawn waits in its queue for the one started below.
+    queued = client.spawn("fixer", "Cancelled before any worker took it.", require_consumer=False)
     client.cancel(queued.spawn_id)  # no worker runs yet: it sits in the queue
     cluster.start_worker()
 

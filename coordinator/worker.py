@@ -1,0 +1,274 @@
+"""The worker process, built in one place for every way of starting it.
+
+``ongrid worker``, ``celery -A workers.app worker …``, ``ongrid up`` (which runs ``ongrid
+worker``) and the Compose services all run the Celery app :func:`worker_app` returns. The entry
+point loads the settings once and passes them here; nothing reads the environment at import.
+
+The app carries two bootsteps, which run only when it starts a worker (never for Flower,
+``celery inspect`` or a process that only sends tasks):
+
+* :class:`_Runtime`, before the worker takes anything: builds the
+  :class:`~workers.runtime.WorkerRuntime` (registry caught up, lease and reaper threads, litellm
+  loaded), hardens the process (secrets leave ``os.environ``, provider keys go to the runtime),
+  migrates the database and reads user personas from it, installs the coordinator persona and
+  the AgentTool, and makes the runtime the one this process's spawn tasks run on. Any failure
+  stops the worker with the reason before it consumes a message.
+* :class:`_Advertise`, once the consumer consumes: advertises the queues it actually consumes
+  (those of ``-Q``), so callers can refuse a spawn nobody would run (:mod:`workers.consumers`);
+  withdrawn when the consumer stops.
+
+This module lives under ``coordinator/`` because a worker process is composed of both packages:
+the runtime from ``workers/``, the database and the coordinator from here. ``workers.app``, the
+module the raw Celery command names, reaches it only when Celery first asks for ``app``.
+
+A plain ``ongrid worker`` also serves coordinator turns, in a :class:`CoordinatorPool`: a child
+``ongrid worker --queues ongrid.coordinator`` process with slots of its own. A coordinator turn
+holds its slot while it waits on specialists; in a pool of its own, turns can never take every
+slot the specialists need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery, bootsteps
+from celery.signals import worker_shutdown, worker_shutting_down
+
+from registry.settings import Settings
+from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, make_celery
+from workers.consumers import QueueAdvertiser
+from workers.runtime import WorkerRuntime, use_worker_runtime
+
+__all__ = ["CoordinatorPool", "build_runtime", "die_with_parent", "entry_app", "worker_app"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds the advertiser's Redis client waits to connect or for an answer.
+_REDIS_TIMEOUT = 5.0
+
+
+def build_runtime(settings: Settings) -> WorkerRuntime:
+    """The runtime of a worker process, ready to run specialists and coordinator turns."""
+    from coordinator.storage.engine import database_url, make_engine, upgrade
+    from coordinator.storage.personas import SqlUserStore
+    from coordinator.turns import install
+    from workers.hardening import harden_process
+
+    runtime = WorkerRuntime(settings)  # registry caught up, lease/reaper threads started
+    runtime.credentials = harden_process()  # settings are built: secrets leave os.environ
+    engine = make_engine(database_url(settings))
+    upgrade(engine)  # concurrent upgrades wait for each other
+    runtime.use_user_store(SqlUserStore(engine))  # user personas from the database
+    install(runtime)  # the coordinator persona and the AgentTool
+    return runtime
+
+
+def worker_app(settings: Settings) -> Celery:
+    """The Celery app of a worker process: :func:`~workers.celery_app.make_celery` plus the
+    bootsteps that build the runtime and advertise the queues when it starts a worker."""
+    app = make_celery(settings)
+    app.steps["worker"].add(_runtime_step(settings, app))
+    app.steps["consumer"].add(_advertise_step(settings))
+    return app
+
+
+_entry: Celery | None = None
+_entry_lock = threading.Lock()
+
+
+def entry_app() -> Celery:
+    """The app of ``celery -A workers.app …``: settings loaded once, on first use."""
+    global _entry
+    with _entry_lock:
+        if _entry is None:
+            _entry = worker_app(Settings.load())
+        return _entry
+
+
+# -- bootsteps ---------------------------------------------------------------------------------
+
+
+def _runtime_step(settings: Settings, app: Celery) -> type[bootsteps.StartStopStep]:
+    class _Runtime(bootsteps.StartStopStep):
+        name = "ongrid.runtime"
+
+        def __init__(self, worker: Any, **kwargs: Any) -> None:
+            super().__init__(worker, **kwargs)
+            try:
+                runtime = build_runtime(settings)
+            except Exception as exc:  # noqa: BLE001 - a worker that cannot run spawns must not consume
+                log.critical("the worker cannot start: %s", exc, exc_info=True)
+                raise SystemExit(f"ongrid worker: cannot start: {exc}") from exc
+            use_worker_runtime(runtime)
+
+            # After the pool has stopped (every spawn ended or handed back), not before: the
+            # lease heartbeat must outlive the spawns it renews.
+            def on_shutdown(sender: Any = None, **_: Any) -> None:
+                if getattr(sender, "app", None) is app:
+                    runtime.stop()
+                    use_worker_runtime(None)
+
+            worker_shutdown.connect(on_shutdown, weak=False)
+
+    return _Runtime
+
+
+def _advertise_step(settings: Settings) -> type[bootsteps.StartStopStep]:
+    url = settings.redis_url or DEFAULT_REDIS_URL
+
+    class _Advertise(bootsteps.StartStopStep):
+        name = "ongrid.advertise-queues"
+        requires = ("celery.worker.consumer.tasks:Tasks",)
+
+        def __init__(self, consumer: Any, **kwargs: Any) -> None:
+            super().__init__(consumer, **kwargs)
+            self.advertiser: QueueAdvertiser | None = None
+
+        def start(self, consumer: Any) -> None:
+            def queues() -> list[str]:
+                task_consumer = consumer.task_consumer
+                return [q.name for q in task_consumer.queues] if task_consumer else []
+
+            _warn_if_shared(queues())
+            client = redis.Redis.from_url(
+                url, socket_connect_timeout=_REDIS_TIMEOUT, socket_timeout=_REDIS_TIMEOUT
+            )
+            self.advertiser = QueueAdvertiser(client, consumer.hostname, queues)
+            self.advertiser.start()
+            log.info("advertising the queues %s", ", ".join(sorted(queues())))
+
+        def stop(self, consumer: Any) -> None:
+            if self.advertiser is not None:
+                self.advertiser.stop()
+                self.advertiser.client.close()
+                self.advertiser = None
+
+        shutdown = terminate = stop
+
+    return _Advertise
+
+
+def _warn_if_shared(queues: list[str]) -> None:
+    coordinator = QUEUES["coordinator"]
+    others = sorted(q for q in queues if q != coordinator)
+    if coordinator in queues and others:
+        log.warning(
+            "this worker consumes %s and %s in one pool: coordinator turns hold their slots "
+            "while they wait on specialists and can take every slot the specialists need; run "
+            "them in pools of their own (a plain `ongrid worker` does)",
+            coordinator,
+            ", ".join(others),
+        )
+
+
+# -- the coordinator pool of a plain `ongrid worker` -------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+#: Seconds a restarted coordinator pool must live to count as recovered (its back-off resets).
+_STABLE_AFTER = 60.0
+_MAX_BACKOFF = 60.0
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have the kernel send this process SIGTERM when ``parent_pid`` (its parent) exits, so a
+    killed ``ongrid worker`` leaves no coordinator pool behind. Linux only; elsewhere a no-op."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is not None:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before the request took effect
+        raise SystemExit("ongrid worker: the parent worker is gone")
+
+
+class CoordinatorPool:
+    """The ``ongrid worker --queues ongrid.coordinator`` child of a plain ``ongrid worker``.
+
+    Started before the parent hardens itself, with a copy of its environment (which the
+    restarts reuse: the parent's own ``os.environ`` no longer holds the secrets then). Restarted
+    with a growing back-off when it dies; told to shut down as soon as the parent begins to;
+    killed with the parent by the kernel (:func:`die_with_parent`).
+    """
+
+    def __init__(self, *, name: str, slots: int, loglevel: str) -> None:
+        self.argv = [
+            sys.executable,
+            "-m",
+            "coordinator",
+            "worker",
+            f"--queues={QUEUES['coordinator']}",
+            f"--name={name}-coordinator",
+            f"--concurrency={slots}",
+            f"--loglevel={loglevel}",
+            f"--exit-with-parent={os.getpid()}",
+        ]
+        self._env: dict[str, str] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+
+    def start(self) -> CoordinatorPool:
+        self._env = dict(os.environ)
+        self._spawn()
+        threading.Thread(target=self._supervise, name="coordinator-pool", daemon=True).start()
+        worker_shutting_down.connect(self._on_parent_shutdown, weak=False)
+        return self
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if not self._stopping.is_set():
+                self._proc = subprocess.Popen(self.argv, env=self._env)
+                log.info("coordinator pool started (pid %d)", self._proc.pid)
+
+    def _supervise(self) -> None:
+        backoff = 1.0
+        while self._proc is not None:
+            started = time.monotonic()
+            code = self._proc.wait()
+            if self._stopping.is_set():
+                return
+            if time.monotonic() - started > _STABLE_AFTER:
+                backoff = 1.0
+            log.error(
+                "the coordinator pool (pid %d) exited with status %s; starting it again in %.0f s",
+                self._proc.pid,
+                code,
+                backoff,
+            )
+            if self._stopping.wait(backoff):
+                return
+            backoff = min(backoff * 2, _MAX_BACKOFF)
+            self._spawn()
+
+    def _on_parent_shutdown(self, **_: Any) -> None:
+        # In the parent's signal handler: only ask, never wait.
+        self._stopping.set()
+        with contextlib.suppress(ProcessLookupError):
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Warm shutdown of the child (its turns hand back at their next checkpoint); SIGKILL
+        after ``timeout`` seconds."""
+        with self._lock:
+            self._stopping.set()
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.error("the coordinator pool did not stop within %.0f s; killing it", timeout)
+            proc.kill()
+            proc.wait()

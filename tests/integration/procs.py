@@ -1,0 +1,106 @@
+"""Processes the worker-entry and consumer tests start by their own command line: raw Celery
+workers, a plain ``ongrid worker`` (with its coordinator child), the API, the CLI.
+
+Each runs in its own process group and logs to a file; helpers poll with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from harness import START_TIMEOUT, wait_for
+
+from workers.consumers import live_consumers
+
+ALL_QUEUES = ("ongrid.interactive", "ongrid.background", "ongrid.coordinator")
+
+
+class Proc:
+    """One process of the test, its output in ``logs/<name>-….log`` under ``cwd``."""
+
+    def __init__(self, name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = cwd / "logs" / f"{name}-{time.monotonic_ns()}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (children included, even once the leader is gone)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM (a warm shutdown); SIGKILL if it does not end in ``timeout`` seconds."""
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def ongrid(*args: str) -> list[str]:
+    return [sys.executable, "-m", "coordinator", *args]
+
+
+def raw_celery(queues: str, hostname: str) -> list[str]:
+    """The documented raw command: ``celery -A workers.app worker``."""
+    return [
+        sys.executable, "-m", "celery", "-A", "workers.app", "worker", "--pool=threads",
+        "-Q", queues, "-c", "8", f"--hostname={hostname}@%h", "--loglevel=INFO",
+        "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+
+
+def consumers_of(client: redis.Redis, queue: str) -> list[str]:
+    return live_consumers(client, [queue])[queue]
+
+
+def wait_consumers(
+    client: redis.Redis, queues: tuple[str, ...], proc: Proc, timeout: float = START_TIMEOUT
+) -> dict[str, list[str]]:
+    """Wait until every queue of ``queues`` has a live consumer; fail early if ``proc`` exits."""
+
+    def served() -> dict[str, list[str]] | None:
+        assert proc.alive(), f"{proc.name} exited ({proc.proc.returncode}):\n{proc.log()}"
+        found = live_consumers(client, queues)
+        return found if all(found.values()) else None
+
+    return wait_for(served, timeout, f"consumers of {', '.join(queues)}", every=0.1)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
