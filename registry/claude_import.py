@@ -140,7 +140,7 @@ def _sources(paths: Iterable[Path]) -> list[tuple[Path, Path]]:
     """
     paths = list(paths)
     several = sum(1 for p in paths if p.is_dir()) > 1
-    out = []
+    out: list[tuple[Path, Path]] = []
     for path in paths:
         if path.is_dir():
             root = path.parent if several else path

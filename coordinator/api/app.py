@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from coordinator.api import agents, chat, health, skills, spawns
 from coordinator.api.deps import Services
+from coordinator.api.docs import install_docs
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
 from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
@@ -94,7 +95,10 @@ def create_app(settings: Settings) -> FastAPI:
         description="Chat with the coordinator and its specialist personas, stream their events, "
         "manage custom personas. Every `/api` and `/v1` route needs `Authorization: Bearer`.",
         lifespan=lifespan,
+        docs_url=None,  # served from local assets by install_docs
+        redoc_url=None,
     )
+    install_docs(app)
     app.state.services = services
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)

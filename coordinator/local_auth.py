@@ -1,0 +1,124 @@
+"""Credentials ``ongrid up`` makes for the person at this machine: an admin token for the API and
+a login for Flower.
+
+Each is generated once and kept in a file under the data directory that only its owner can read:
+the file appears whole (written under a temporary name, then hard-linked into place, so a second
+``ongrid up`` starting at the same moment reads the first one's value, never half of it) and is
+reused on every later start. A file that other users could read is refused, not used.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from registry.errors import UserError
+from registry.settings import LOCAL_ADMIN_USER
+
+__all__ = [
+    "FLOWER_FILE",
+    "FLOWER_USER",
+    "LOCAL_ADMIN_USER",
+    "TOKEN_FILE",
+    "flower_login",
+    "local_admin_token",
+    "read_local_token",
+    "read_or_create",
+]
+
+#: The local admin token's file, under the data directory.
+TOKEN_FILE = "local-admin-token"
+#: Flower's ``user:password``, under the data directory.
+FLOWER_FILE = "flower-basic-auth"
+#: The user name of the generated Flower login.
+FLOWER_USER = "ongrid"
+
+
+def local_admin_token(data_dir: Path) -> tuple[Path, str, bool]:
+    """(file, token, created): the token the API accepts for the local admin."""
+    path = data_dir / TOKEN_FILE
+    token, created = read_or_create(path, lambda: secrets.token_urlsafe(32))
+    return path, token, created
+
+
+def read_local_token(data_dir: Path) -> str | None:
+    """The local admin token ``ongrid up`` made in ``data_dir``, or None when there is none."""
+    try:
+        return _read_private(data_dir / TOKEN_FILE)
+    except FileNotFoundError:
+        return None
+
+
+def flower_login(data_dir: Path) -> tuple[Path, str, bool]:
+    """(file, ``user:password``, created): the basic-auth login Flower is started with."""
+    path = data_dir / FLOWER_FILE
+    login, created = read_or_create(path, lambda: f"{FLOWER_USER}:{secrets.token_urlsafe(18)}")
+    user, sep, password = login.partition(":")
+    if not (user and sep and password) or "," in login:
+        raise UserError(f"{path} must hold one 'user:password' line; delete it to make a new one")
+    return path, login, created
+
+
+def read_or_create(path: Path, make: Callable[[], str]) -> tuple[str, bool]:
+    """The secret kept in ``path``, made by ``make`` and stored first when there is none."""
+    try:
+        return _read_private(path), False
+    except FileNotFoundError:
+        pass
+    _private_dir(path.parent)
+    value = make()
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # exactly owner-only, whatever the umask
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(value + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(partial, path)
+        except FileExistsError:  # another start made it in the meantime: theirs wins
+            return _read_private(path), False
+    finally:
+        partial.unlink(missing_ok=True)
+    return value, True
+
+
+def _private_dir(directory: Path) -> None:
+    """Create ``directory`` owner-only when it is missing; an existing one is left as it is."""
+    if directory.is_dir():
+        return
+    try:
+        directory.mkdir(parents=True, mode=0o700)
+        os.chmod(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UserError(f"cannot create the data directory {directory}: {exc.strerror}") from None
+
+
+def _read_private(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror}") from None
+    with os.fdopen(fd, encoding="utf-8") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{path} is not a regular file")
+        if info.st_uid != os.geteuid():
+            raise UserError(f"{path} belongs to another user (uid {info.st_uid})")
+        if info.st_mode & 0o077:
+            raise UserError(
+                f"{path} can be read by other users (mode {stat.S_IMODE(info.st_mode):04o}): "
+                f"run chmod 600 {path}, or delete it to make a new one"
+            )
+        value = file.read().strip()
+    if not value:
+        raise UserError(f"{path} is empty; delete it to make a new one")
+    return value
