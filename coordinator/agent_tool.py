@@ -88,7 +88,9 @@ class SpawnAgentTool(BaseTool):
                 data={"spawn_id": record.spawn_id, "background": True},
             )
         try:
-            done = client.wait(record.spawn_id, timeout=WAIT_SECONDS, stop=context.stopping)
+            done = client.wait(
+                record.spawn_id, timeout=WAIT_SECONDS, stop=context.stopping, stranded=True
+            )
         except TimeoutError as exc:
             return ToolResult(content=str(exc), is_error=True)
         if done.status == "waiting":

@@ -196,12 +196,20 @@ class SpawnClient:
         return None
 
     def wait(
-        self, spawn_id: str, timeout: float | None = None, *, stop: threading.Event | None = None
+        self,
+        spawn_id: str,
+        timeout: float | None = None,
+        *,
+        stop: threading.Event | None = None,
+        stranded: bool = False,
     ) -> SpawnRecord:
         """Block until the spawn is finished or waits for a person; TimeoutError otherwise.
 
         ``stop``: give up as soon as it is set (the waiting worker shuts down), raising
         :class:`~registry.errors.WorkerDraining`; the spawn itself runs on.
+
+        ``stranded``: watch the spawn as :class:`StrandedWatch` does, so one left on a queue no
+        worker consumes any more is failed (naming the queue) instead of waited on to the end.
 
         The ``task_notification`` event is published just before the final record is written
         (a crash in between then repeats the notification, de-duplicated, instead of losing it),
@@ -209,8 +217,13 @@ class SpawnClient:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         stop = stop if stop is not None else threading.Event()
+        watch = StrandedWatch(self, [spawn_id]) if stranded else None
+        next_check = time.monotonic() + STRANDED_CHECK_EVERY
         delay = 0.05
         while True:
+            if watch is not None and time.monotonic() >= next_check:
+                watch.check()  # a stranded spawn is failed here and returned just below
+                next_check = time.monotonic() + STRANDED_CHECK_EVERY
             record = self.store.get(spawn_id)
             if record is None:
                 raise NotFoundError("spawn", spawn_id)

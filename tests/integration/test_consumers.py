@@ -245,3 +245,30 @@ def test_a_spawn_stranded_in_a_queue_is_failed_and_a_later_worker_does_not_run_i
     assert site.cluster.fake.requests_for(PROMPT) == []  # it found the spawn ended: no model call
     after = client.store.get(record.spawn_id)
     assert after is not None and (after.status, after.attempts) == ("failed", 0)
+
+
+def test_a_coordinator_nobody_watches_is_told_when_its_specialists_worker_dies(site: Site):
+    """No chat stream follows this turn: the AgentTool's own wait notices the stranded child."""
+    from coordinator.turns import start_turn
+
+    site.cluster.fake.script(
+        [
+            call("spawn_agent", {"agent": "probe", "prompt": "Probe db1."}, where="system",
+                 match="spawn_agent", turn=0),
+            final("Relayed.", where="system", match="spawn_agent"),
+            final("Too late.", delay=DEADLINE * 3),  # the specialist's worker parks here
+        ]
+    )  # fmt: skip
+    site.worker("coordinator", "ongrid.coordinator")
+    doomed = site.worker("doomed", "ongrid.interactive")
+    client = site.cluster.client
+    turn = start_turn(client, session_id="stranded", prompt=PROMPT, user="alice", role="admin")
+    site.cluster.fake.wait_requests("Probe db1.", 1)
+    doomed.kill()  # no shutdown: its lease and its advertisement are left to expire
+
+    done = client.wait(turn.spawn_id, timeout=DEADLINE)
+
+    assert (done.status, done.result) == ("ok", "Relayed.")
+    results = [e for e in client.bus.history(turn.session_id) if e.type == "tool_result"]
+    (result,) = [e for e in results if e.spawn_id == turn.spawn_id]
+    assert result.is_error and "no worker consumes ongrid.interactive" in result.content
