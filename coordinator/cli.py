@@ -34,7 +34,21 @@ def _settings() -> Settings:
         raise click.ClickException(str(exc)) from None
 
 
-@click.group()
+class _Commands(click.Group):
+    """Every command: a Redis that does not answer is one line naming it, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        import redis
+
+        try:
+            return super().invoke(ctx)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            from workers.celery_app import redis_unreachable
+
+            raise click.ClickException(redis_unreachable(_settings(), exc)) from None
+
+
+@click.group(cls=_Commands)
 @click.version_option(package_name="ongrid-personas")
 def main() -> None:
     """Ongrid persona runtime."""

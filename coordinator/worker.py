@@ -45,8 +45,9 @@ import redis
 from celery import Celery, bootsteps
 from celery.signals import worker_shutdown, worker_shutting_down
 
+from registry.errors import OngridError
 from registry.settings import Settings
-from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, make_celery
+from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, make_celery, redis_unreachable
 from workers.consumers import QueueAdvertiser
 from workers.runtime import WorkerRuntime, use_worker_runtime
 
@@ -108,8 +109,12 @@ def _runtime_step(settings: Settings, app: Celery) -> type[bootsteps.StartStopSt
             try:
                 runtime = build_runtime(settings)
             except Exception as exc:  # noqa: BLE001 - a worker that cannot run spawns must not consume
-                log.critical("the worker cannot start: %s", exc, exc_info=True)
-                raise SystemExit(f"ongrid worker: cannot start: {exc}") from exc
+                why = _why_not(settings, exc)
+                # A refused setting or an unreachable service is the whole story; anything else
+                # is a bug, whose traceback the log keeps.
+                expected = isinstance(exc, OngridError | redis.RedisError)
+                log.critical("the worker cannot start: %s", why, exc_info=not expected)
+                raise SystemExit(f"ongrid worker: cannot start: {why}") from exc
             use_worker_runtime(runtime)
 
             # After the pool has stopped (every spawn ended or handed back), not before: the
@@ -122,6 +127,13 @@ def _runtime_step(settings: Settings, app: Celery) -> type[bootsteps.StartStopSt
             worker_shutdown.connect(on_shutdown, weak=False)
 
     return _Runtime
+
+
+def _why_not(settings: Settings, exc: Exception) -> str:
+    """Why the runtime could not be built, naming the service when one is unreachable."""
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return redis_unreachable(settings, exc)
+    return str(exc)
 
 
 def _advertise_step(settings: Settings) -> type[bootsteps.StartStopStep]:

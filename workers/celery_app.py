@@ -38,6 +38,7 @@ __all__ = [
     "SPAWN_TIME_LIMIT",
     "VISIBILITY_TIMEOUT",
     "make_celery",
+    "redis_unreachable",
 ]
 
 SPAWN_TASK = "ongrid.spawn"
@@ -52,6 +53,15 @@ SPAWN_TIME_LIMIT = 6 * 3600
 #: Longer than any attempt may take, so Redis never re-delivers a spawn that is still running.
 VISIBILITY_TIMEOUT = SPAWN_TIME_LIMIT + 3600
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_unreachable(settings: Settings, exc: Exception) -> str:
+    """One line for a Redis that does not answer: where, why, and what to do."""
+    from redis.connection import parse_url
+
+    url = parse_url(settings.redis_url or DEFAULT_REDIS_URL)
+    where = f"{url.get('host', '127.0.0.1')}:{url.get('port', 6379)}"
+    return f"Redis at {where} is unreachable ({exc}); start it or set REDIS_URL"
 
 
 def _run_spawn(task: Any, spawn_id: str, persona: str) -> dict[str, Any]:

@@ -189,6 +189,38 @@ def test_installed_console_script_runs():
     assert "6 valid, 0 warning(s)" in proc.stdout
 
 
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:  # bound, never listening: connecting is refused at once
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("spawn", "generalist", "--prompt", "hi"),
+        ("agents", "reload"),
+        ("api", "--port", "0"),
+    ],
+    ids=["spawn", "reload", "api"],
+)
+def test_an_unreachable_redis_is_one_line_naming_it(args: tuple[str, ...], tmp_path):
+    exe = shutil.which("ongrid", path=str(Path(sys.executable).parent))
+    assert exe
+    port = _closed_port()
+    env = {"PATH": "/usr/bin:/bin", "REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    proc = subprocess.run(
+        [exe, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr, proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert line.startswith(f"Error: Redis at 127.0.0.1:{port} is unreachable (")
+    assert line.endswith("start it or set REDIS_URL")
+
+
 @pytest.mark.skipif(not CORPUS.is_dir(), reason=f"corpus not found at {CORPUS}")
 def test_whole_corpus_through_validate_and_import(runner, tmp_path):
     files = sorted(f for f in CORPUS.rglob("*.md") if f.name != "SOURCES.md")
