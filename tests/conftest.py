@@ -9,8 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Engine
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # servers.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # servers.py, postgres.py, races.py
+
+from postgres import connect_admin  # noqa: E402 - importable once the line above ran
 
 
 @pytest.fixture
@@ -21,3 +24,12 @@ def open_dir() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_admin() -> Iterator[tuple[Engine | None, str]]:
+    """An autocommit engine on the test PostgreSQL server, or None and why it is not reachable."""
+    admin, reason = connect_admin()
+    yield admin, reason
+    if admin is not None:
+        admin.dispose()

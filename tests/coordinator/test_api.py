@@ -27,8 +27,6 @@ import pytest
 import redis
 import uvicorn
 import yaml
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.api import create_app
 from coordinator.storage.engine import make_engine, upgrade
@@ -42,9 +40,6 @@ REDIS_URL = "redis://127.0.0.1:6379/11"
 #: The spawn tests' database: flushed around the module (its worker outlives each test).
 WORKER_REDIS_URL = "redis://127.0.0.1:6379/10"
 MODEL = "openai/gpt-4o-mini"
-PG_ADMIN_URL = os.environ.get(
-    "ONGRID_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 #: Tokens of the test's users: alice and carol are admins, dave an operator, bob a viewer.
 TOKENS = {
     "alice": ("alice-admin-token-0000001", "admin"),
@@ -150,25 +145,6 @@ def redis_db() -> Iterator[redis.Redis]:
     yield client
     client.flushdb()
     client.close()
-
-
-@pytest.fixture(scope="session")
-def postgres_admin() -> Iterator[tuple[Engine | None, str]]:
-    admin = None
-    try:
-        admin = create_engine(
-            PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
-        )
-        with admin.connect():
-            pass
-    except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        yield None, f"PostgreSQL not reachable at {PG_ADMIN_URL}: {reason}"
-    else:
-        yield admin, ""
-    finally:
-        if admin is not None:
-            admin.dispose()
 
 
 @pytest.fixture

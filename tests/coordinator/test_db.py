@@ -7,7 +7,6 @@ afterwards; when that server is not reachable the PostgreSQL variants are skippe
 
 from __future__ import annotations
 
-import os
 import threading
 import uuid
 from collections.abc import Iterator
@@ -19,7 +18,8 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, func, insert, inspect, select, text
+from races import race
+from sqlalchemy import Engine, func, insert, inspect, select, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -51,9 +51,6 @@ from registry.persona import Persona, Source
 from registry.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "personas" / "valid"
-PG_ADMIN_URL = os.environ.get(
-    "ONGRID_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 TABLES = {"agents", "chat_sessions", "chat_messages"}
 
 
@@ -63,26 +60,6 @@ def _persona(name: str = "disk_checker", body: str = "# Disk checker\n", **field
 
 
 # -- fixtures ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def postgres_admin() -> Iterator[tuple[Engine | None, str]]:
-    """An autocommit engine on the PostgreSQL server, or None and why it is not reachable."""
-    admin = None
-    try:
-        admin = create_engine(
-            PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
-        )
-        with admin.connect():
-            pass
-    except (SQLAlchemyError, ImportError) as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        yield None, f"PostgreSQL not reachable at {PG_ADMIN_URL}: {reason}"
-    else:
-        yield admin, ""
-    finally:
-        if admin is not None:
-            admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -398,26 +375,6 @@ def test_concurrent_upserts_of_one_persona_count_every_revision(store: SqlUserSt
     assert stored.persona.description in {"alice #49", "bob #49"}
 
 
-def _race(count: int, work) -> list[object]:
-    """Run ``work(i)`` in ``count`` threads released at once; each one's result or exception."""
-    barrier = threading.Barrier(count)
-    results: list[object] = [None] * count
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = work(i)
-        except BaseException as exc:  # noqa: BLE001 - the caller asserts on what each got
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
 def test_create_inserts_once_and_refuses_a_stored_name(store: SqlUserStore) -> None:
     store.create(_persona(), user="alice")
     with pytest.raises(PersonaExists, match="'disk_checker' already exists.*PATCH") as info:
@@ -435,7 +392,7 @@ def test_create_inserts_once_and_refuses_a_stored_name(store: SqlUserStore) -> N
 
 
 def test_concurrent_creates_of_one_name_let_exactly_one_in(store: SqlUserStore) -> None:
-    results = _race(8, lambda i: store.create(_persona(description=f"Writer {i}."), f"u{i}"))
+    results = race(8, lambda i: store.create(_persona(description=f"Writer {i}."), f"u{i}"))
     winners = [i for i, r in enumerate(results) if r is None]
     losers = [r for r in results if r is not None]
     assert len(winners) == 1, results
@@ -464,7 +421,7 @@ def test_concurrent_updates_of_different_fields_all_land(store: SqlUserStore) ->
         for _ in range(rounds):
             store.update("disk_checker", bump(key), user=key)
 
-    assert _race(4, writer) == [None] * 4
+    assert race(4, writer) == [None] * 4
     stored = store.get("disk_checker")
     assert stored is not None
     # Every increment of every writer is there: none read a value another then overwrote.

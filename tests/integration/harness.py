@@ -166,15 +166,14 @@ def text_of(events: list[Event]) -> str:
 # -- worker processes --------------------------------------------------------------------------
 
 
-class Worker:
-    """One ``python -m coordinator worker`` process, in its own process group, logging to a file."""
+class Proc:
+    """One process of the test, in its own process group, its output in ``logs/<name>-….log``
+    under ``cwd``."""
 
-    def __init__(self, name: str, queues: str, cwd: Path, env: dict[str, str]) -> None:
-        self.name, self.queues = name, queues
+    def __init__(self, name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.name = name
         self.log_path = cwd / "logs" / f"{name}-{time.monotonic_ns()}.log"
         self.log_path.parent.mkdir(exist_ok=True)
-        argv = [sys.executable, "-m", "coordinator", "worker", "-c", "16", "--loglevel=INFO"]
-        argv += [f"--queues={queues}", f"--name={name}"]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -189,6 +188,32 @@ class Worker:
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (children included, even once the leader is gone):
+        no shutdown, no acks, leases left to expire."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Warm shutdown (SIGTERM), as an orchestrator stops a process; SIGKILL if it hangs."""
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Worker(Proc):
+    """One ``python -m coordinator worker`` process."""
+
+    def __init__(self, name: str, queues: str, cwd: Path, env: dict[str, str]) -> None:
+        self.queues = queues
+        argv = [sys.executable, "-m", "coordinator", "worker", "-c", "16", "--loglevel=INFO"]
+        argv += [f"--queues={queues}", f"--name={name}"]
+        super().__init__(name, argv, cwd, env)
 
     def wait_log(self, text: str, count: int = 1, timeout: float = 30.0) -> None:
         """Wait until the log holds ``text`` ``count`` times; fail early if the worker exits."""
@@ -206,21 +231,6 @@ class Worker:
     def wait_ready(self, timeout: float = START_TIMEOUT) -> Worker:
         self.wait_log(" ready.", timeout=timeout)
         return self
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: no shutdown, no acks, leases left to expire."""
-        if self.alive():
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Warm shutdown (SIGTERM), as an orchestrator stops a worker; SIGKILL if it hangs."""
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 # -- one test's cluster ------------------------------------------------------------------------

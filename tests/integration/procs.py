@@ -6,59 +6,16 @@ Each runs in its own process group and logs to a file; helpers poll with a gener
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import redis
-from harness import START_TIMEOUT, wait_for
+from harness import START_TIMEOUT, Proc, wait_for
 
 from workers.consumers import live_consumers
 
 ALL_QUEUES = ("ongrid.interactive", "ongrid.background", "ongrid.coordinator")
-
-
-class Proc:
-    """One process of the test, its output in ``logs/<name>-….log`` under ``cwd``."""
-
-    def __init__(self, name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.name = name
-        self.log_path = cwd / "logs" / f"{name}-{time.monotonic_ns()}.log"
-        self.log_path.parent.mkdir(exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group (children included, even once the leader is gone)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM (a warm shutdown); SIGKILL if it does not end in ``timeout`` seconds."""
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def ongrid(*args: str) -> list[str]:

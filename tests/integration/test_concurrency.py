@@ -9,7 +9,6 @@ that real worker processes run against the fake LLM. Every race is released by a
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import uuid
@@ -21,15 +20,10 @@ import httpx
 import pytest
 import uvicorn
 from harness import Cluster, call, final, wait_for
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from coordinator.api import create_app
 from registry.settings import Settings, TokenGrant, token_digest
 
-PG_ADMIN_URL = os.environ.get(
-    "ONGRID_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 #: alice and carol are admins (they edit personas and approve); carol approves alice's spawns.
 TOKENS = {"alice": "alice-admin-token-0000001", "carol": "carol-admin-token-0000003"}
 T = TypeVar("T")
@@ -113,25 +107,6 @@ def _persona(name: str, **fields: Any) -> dict[str, Any]:
 
 
 # -- persona edits on each database ------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def postgres_admin() -> Iterator[tuple[Engine | None, str]]:
-    admin = None
-    try:
-        admin = create_engine(
-            PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
-        )
-        with admin.connect():
-            pass
-    except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        yield None, f"PostgreSQL not reachable at {PG_ADMIN_URL}: {reason}"
-    else:
-        yield admin, ""
-    finally:
-        if admin is not None:
-            admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

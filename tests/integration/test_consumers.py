@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from harness import MODEL, Cluster, call, final, wait_for
-from procs import ALL_QUEUES, Proc, free_port, ongrid, wait_consumers
+from harness import MODEL, Cluster, Proc, call, final, wait_for
+from procs import ALL_QUEUES, free_port, ongrid, wait_consumers
 
 from workers.client import StrandedWatch
 

@@ -17,17 +17,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, inspect
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Engine, inspect
 
 from coordinator.storage.engine import make_engine, upgrade
 from coordinator.storage.personas import SqlUserStore
 from registry.persona import Persona
 
 ONGRID = str(Path(sys.executable).with_name("ongrid"))
-PG_ADMIN_URL = os.environ.get(
-    "ONGRID_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-)
 PERSONA = """---
 name: file_checker
 description: Check files.
@@ -139,20 +135,11 @@ def test_a_database_file_without_a_schema_is_neither_migrated_nor_an_error(empty
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
+def pg_url(postgres_admin: tuple[Engine | None, str]) -> Iterator[str]:
     """A fresh, empty PostgreSQL database (skipped when the server does not answer)."""
-    admin: Engine | None = None
-    try:
-        admin = create_engine(
-            PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3}
-        )
-        with admin.connect():
-            pass
-    except SQLAlchemyError as exc:
-        if admin is not None:
-            admin.dispose()
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {reason}")
+    admin, reason = postgres_admin
+    if admin is None:
+        pytest.skip(reason)
     name = f"ongrid_cli_{uuid.uuid4().hex}"
     with admin.connect() as conn:
         conn.exec_driver_sql(f'CREATE DATABASE "{name}"')

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness import MODEL, Cluster, wait_for
-from procs import ALL_QUEUES, Proc, ongrid, pid_alive, raw_celery, wait_consumers
+from harness import MODEL, Cluster, Proc, wait_for
+from procs import ALL_QUEUES, ongrid, pid_alive, raw_celery, wait_consumers
 
 from coordinator.storage.engine import make_engine, upgrade
 from coordinator.storage.personas import SqlUserStore

@@ -7,13 +7,13 @@ each thread with its own connection.
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TypeVar
 
 import pytest
 import redis
+from races import race
 
 from registry.errors import NotFoundError
 from workers.loop import Approval, LoopState
@@ -64,26 +64,6 @@ def _waiting(store: SpawnStore, needed: int = 1, status: str = "waiting") -> Spa
     return store.create(record)
 
 
-def _race(count: int, work: Callable[[int], T]) -> list[T | BaseException]:
-    """``work(i)`` in ``count`` threads released at once: each one's result or exception."""
-    barrier = threading.Barrier(count)
-    results: list[T | BaseException] = [RuntimeError("never ran")] * count
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            results[i] = work(i)
-        except BaseException as exc:  # noqa: BLE001 - the test asserts on what each got
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
-
-
 def _decide_at_once(
     stores: list[SpawnStore], record: SpawnRecord, decisions: list[tuple[str, bool]]
 ) -> list[tuple[SpawnRecord, bool] | BaseException]:
@@ -93,7 +73,7 @@ def _decide_at_once(
         user, approve = decisions[i]
         return stores[i].decide(record.spawn_id, "call_1", user, approve)
 
-    return _race(len(decisions), decide)
+    return race(len(decisions), decide)
 
 
 def _stores(store: SpawnStore, count: int) -> list[SpawnStore]:
