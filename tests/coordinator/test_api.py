@@ -27,6 +27,7 @@ import pytest
 import redis
 import uvicorn
 import yaml
+from postgres import fresh_database
 
 from coordinator.api import create_app
 from coordinator.storage.engine import make_engine, upgrade
@@ -160,12 +161,8 @@ def any_db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     admin, reason = request.getfixturevalue("postgres_admin")
     if admin is None:
         pytest.skip(reason)
-    name = f"ongrid_api_{uuid.uuid4().hex}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    yield admin.url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(admin, "ongrid_api") as url:
+        yield url
 
 
 class Site:

@@ -8,7 +8,6 @@ afterwards; when that server is not reachable the PostgreSQL variants are skippe
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
@@ -18,6 +17,7 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from postgres import fresh_database
 from races import race
 from sqlalchemy import Engine, func, insert, inspect, select, text
 from sqlalchemy.engine import URL, make_url
@@ -71,12 +71,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[URL]:
     admin, reason = request.getfixturevalue("postgres_admin")
     if admin is None:
         pytest.skip(reason)
-    name = f"ongrid_test_{uuid.uuid4().hex}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    yield admin.url.set(database=name)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(admin, "ongrid_test") as url:
+        yield make_url(url)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +19,7 @@ import httpx
 import pytest
 import uvicorn
 from harness import Cluster, call, final, wait_for
+from postgres import fresh_database
 
 from coordinator.api import create_app
 from registry.settings import Settings, TokenGrant, token_digest
@@ -117,12 +117,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     admin, reason = request.getfixturevalue("postgres_admin")
     if admin is None:
         pytest.skip(reason)
-    name = f"ongrid_race_{uuid.uuid4().hex}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    yield admin.url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_database(admin, "ongrid_race") as url:
+        yield url
 
 
 @pytest.fixture

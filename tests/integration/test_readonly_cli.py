@@ -12,11 +12,11 @@ import json
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from postgres import fresh_database
 from sqlalchemy import Engine, inspect
 
 from coordinator.storage.engine import make_engine, upgrade
@@ -140,15 +140,8 @@ def pg_url(postgres_admin: tuple[Engine | None, str]) -> Iterator[str]:
     admin, reason = postgres_admin
     if admin is None:
         pytest.skip(reason)
-    name = f"ongrid_cli_{uuid.uuid4().hex}"
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield admin.url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    with fresh_database(admin, "ongrid_cli") as url:
+        yield url
 
 
 def test_list_on_postgresql_does_not_migrate_and_then_shows_user_personas(
