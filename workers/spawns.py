@@ -6,22 +6,44 @@ another worker took over) cannot overwrite the newer attempt's checkpoint. An at
 :meth:`SpawnStore.claim`, which takes the lease and marks the record ``running`` in one atomic
 step: from the first moment a worker holds a spawn, its death shows as "running, no lease", the
 state the reaper looks for.
+
+A checkpoint appends instead of rewriting: the record's JSON leaves out the transcript
+(``state.messages``), which lives in a Redis list of its own, and a write appends only the
+messages added since that record object was read or last written, in the same script call as
+the record (so both change together, and only under the lease). A record read without its
+messages (a decision, the reaper) cannot change the list when written back: it does not know
+what the list holds, so it leaves it alone.
+
+Lease deadlines are indexed in a sorted set (score: the deadline in Redis server milliseconds,
+so hosts with skewed clocks agree), so the one elected reaper (:mod:`workers.reaper`) reads only
+the expired ones, and a process renews all its leases in one call
+(:meth:`SpawnStore.renew_all`). The lease key with its TTL stays the fence; the set is an index.
+
+:class:`SpawnStore` is the blocking store, :class:`AsyncSpawnStore` the engine's; both use the
+same scripts and the same serialization.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, cast
 
 import redis
-from pydantic import BaseModel, Field
+import redis.asyncio
+from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter
 
-from registry.errors import LeaseLost, NotFoundError, UserError
-from workers.loop import Approval, LoopState
+from registry.errors import LeaseLost, NotFoundError
+from workers._decisions import AlreadyDecided, DecisionRefused, NotWaiting, apply_decision
+from workers._spawn_scripts import LEASE_DEADLINE, RELEASE, RENEW_ALL, SAVE
+from workers.loop import LoopState
+from workers.messages import Message
 
 __all__ = [
     "AlreadyDecided",
+    "AsyncSpawnStore",
     "DecisionRefused",
     "LeaseLost",
     "NotWaiting",
@@ -32,8 +54,12 @@ __all__ = [
 
 SpawnStatus = Literal["queued", "running", "waiting", "ok", "failed", "cancelled"]
 FINAL_STATUSES = frozenset({"ok", "failed", "cancelled"})
-#: How many times :meth:`SpawnStore.claim` retries when a concurrent write changed the record.
+#: Statuses of a spawn that waits for a worker (``running`` only once its lease is gone).
+UNHELD_STATUSES = frozenset({"queued", "running"})
+#: How many times a transaction over a record retries when a concurrent write changed it.
 CLAIM_TRIES = 32
+DECIDE_TRIES = 32
+FAIL_TRIES = 8
 
 
 class SpawnRecord(BaseModel):
@@ -56,164 +82,328 @@ class SpawnRecord(BaseModel):
     missing_context: list[str] = Field(default_factory=list)
     persona_source: str = ""
     model_id: str = ""
+    #: The W3C trace context (``traceparent``, ``tracestate``) of the request that made the
+    #: spawn: its spans, on whichever worker runs it, belong to that request's trace.
+    trace: dict[str, str] = Field(default_factory=dict)
     state: LoopState | None = None
     result: str = ""
     error: str = ""
     created: float = Field(default_factory=time.time)
     updated: float = Field(default_factory=time.time)
+    #: How many leading messages of ``state.messages`` the spawn's message list in Redis holds:
+    #: the next write appends the rest (or replaces the list when the state holds fewer).
+    #: ``None``: this object was read without its messages (``state.messages`` is empty, not the
+    #: transcript), so its writes leave the list as it is.
+    _messages_saved: int | None = PrivateAttr(default=None)
 
     @property
     def finished(self) -> bool:
         return self.status in FINAL_STATUSES
 
 
-_FENCED_SET = """
-if redis.call('GET', KEYS[2]) == ARGV[2] then
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-  if ARGV[4] == '1' then
-    redis.call('DEL', KEYS[2])
-  end
-  return 1
-end
-return 0
-"""
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+# -- serialization, shared by both stores -------------------------------------------------------
+
+_MESSAGES: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
 
 
-class SpawnStore:
-    def __init__(
-        self, client: redis.Redis, prefix: str = "ongrid:", retention: int = 7 * 86400
-    ) -> None:
-        self.r = client
+def encode_record(record: SpawnRecord) -> str:
+    """The record's JSON, without the transcript (it lives in the message list)."""
+    return record.model_dump_json(exclude={"state": {"messages"}})
+
+
+def decode_record(raw: bytes | str) -> SpawnRecord:
+    """A record from its JSON alone: without its messages, so writing it back leaves the list
+    alone. A record written before messages had a list of their own carries them inline: those
+    are kept, and its next write moves them to the list."""
+    data = json.loads(raw)
+    state = data.get("state")
+    inline = state.pop("messages", None) if state is not None else None
+    if state is not None:
+        state["messages"] = inline if inline is not None else []
+    record = SpawnRecord.model_validate(data)
+    if inline is not None:
+        record._messages_saved = 0
+    return record
+
+
+def attach_messages(record: SpawnRecord, items: list[bytes]) -> SpawnRecord:
+    """``record`` with its transcript, read from the message list (``items``)."""
+    if record._messages_saved is not None:  # inline messages of an older record: they stand
+        return record
+    if record.state is not None:
+        record.state.messages = _MESSAGES.validate_json(b"[" + b",".join(items) + b"]")
+    record._messages_saved = len(items)
+    return record
+
+
+def _unsaved(record: SpawnRecord) -> tuple[bool, list[str]]:
+    """(replace the list?, messages to append): what the message list lacks of ``record``."""
+    saved = record._messages_saved
+    if saved is None:
+        return False, []
+    messages = record.state.messages if record.state is not None else []
+    if len(messages) < saved:  # the state was replaced by a shorter one: the list follows it
+        return True, [m.model_dump_json() for m in messages]
+    return False, [m.model_dump_json() for m in messages[saved:]]
+
+
+def _mark_saved(record: SpawnRecord) -> None:
+    if record._messages_saved is not None:
+        record._messages_saved = len(record.state.messages) if record.state is not None else 0
+
+
+class _Keys:
+    """Where a spawn's data lives, under one prefix; how long it is kept."""
+
+    def __init__(self, prefix: str, retention: int) -> None:
         self.prefix = prefix
         self.retention = retention
-        self._fenced_set = client.register_script(_FENCED_SET)
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
 
     def _key(self, spawn_id: str) -> str:
         return f"{self.prefix}spawn:{spawn_id}"
 
+    def messages_key(self, spawn_id: str) -> str:
+        return f"{self.prefix}messages:{spawn_id}"
+
     def lease_key(self, spawn_id: str) -> str:
         return f"{self.prefix}lease:{spawn_id}"
+
+    def cancel_key(self, spawn_id: str) -> str:
+        return f"{self.prefix}cancel:{spawn_id}"
+
+    def requeue_key(self, spawn_id: str) -> str:
+        return f"{self.prefix}requeue:{spawn_id}"
 
     @property
     def active_key(self) -> str:
         return f"{self.prefix}spawns:active"
 
+    @property
+    def leases_key(self) -> str:
+        """The sorted set of lease deadlines: member spawn id, score Redis time in ms."""
+        return f"{self.prefix}leases"
+
+    def _queue_write(self, pipe: Any, record: SpawnRecord) -> None:
+        """Queue the write of ``record`` and of the messages its list lacks on a ``MULTI``
+        pipeline (sync or asyncio: queuing a command is synchronous in both)."""
+        spawn_id = record.spawn_id
+        replace, new = _unsaved(record)
+        pipe.set(self._key(spawn_id), encode_record(record), ex=self.retention)
+        if replace:
+            pipe.delete(self.messages_key(spawn_id))
+        if new:
+            pipe.rpush(self.messages_key(spawn_id), *new)
+        # The list is kept as long as its record, even by a write that leaves its content alone.
+        pipe.expire(self.messages_key(spawn_id), self.retention)
+
+    def _queue_claim(self, pipe: Any, record: SpawnRecord, token: str, ttl_ms: int) -> None:
+        pipe.set(self.lease_key(record.spawn_id), token, px=ttl_ms)
+        pipe.eval(LEASE_DEADLINE, 1, self.leases_key, ttl_ms, record.spawn_id)
+        self._queue_write(pipe, record)
+
+    def _save_call(
+        self, record: SpawnRecord, token: str, release: bool
+    ) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of the fenced save script for ``record``."""
+        record.updated = time.time()
+        replace, new = _unsaved(record)
+        spawn_id = record.spawn_id
+        keys = [
+            self._key(spawn_id),
+            self.lease_key(spawn_id),
+            self.messages_key(spawn_id),
+            self.leases_key,
+            self.active_key,
+        ]
+        flags = [int(release), int(record.finished), spawn_id, int(replace)]
+        return keys, [encode_record(record), token, self.retention, *flags, *new]
+
+    def _renewal(self, held: Mapping[str, str], ttl_ms: int) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of the renewal script for every lease in ``held``."""
+        keys = [self.leases_key, *(self.lease_key(spawn_id) for spawn_id in held)]
+        args: list[Any] = [ttl_ms]
+        for spawn_id, token in held.items():
+            args += [spawn_id, token]
+        return keys, args
+
+
+def _start_attempt(record: SpawnRecord) -> str:
+    """Mark ``record`` as run by a new attempt; the attempt's lease token."""
+    record.attempts += 1
+    if record.status == "running":
+        record.lost_attempts += 1
+    record.status = "running"
+    record.updated = time.time()
+    return uuid.uuid4().hex
+
+
+def _names(reply: Any) -> list[str]:
+    return [m.decode() if isinstance(m, bytes) else str(m) for m in reply]
+
+
+# -- the blocking store -----------------------------------------------------------------------
+
+
+class SpawnStore(_Keys):
+    def __init__(
+        self, client: redis.Redis, prefix: str = "ongrid:", retention: int = 7 * 86400
+    ) -> None:
+        super().__init__(prefix, retention)
+        self.r = client
+        self._save = client.register_script(SAVE)
+        self._renew_all = client.register_script(RENEW_ALL)
+        self._release = client.register_script(RELEASE)
+
     def create(self, record: SpawnRecord) -> SpawnRecord:
+        record._messages_saved = 0  # the list starts as the record's messages
         pipe = self.r.pipeline()
-        pipe.set(self._key(record.spawn_id), record.model_dump_json(), ex=self.retention)
+        pipe.delete(self.messages_key(record.spawn_id))
+        self._queue_write(pipe, record)
         pipe.sadd(self.active_key, record.spawn_id)
         pipe.execute()
+        _mark_saved(record)
         return record
 
     def get(self, spawn_id: str) -> SpawnRecord | None:
-        raw = cast(bytes | None, self.r.get(self._key(spawn_id)))
-        return SpawnRecord.model_validate_json(raw) if raw else None
+        """The record with its messages (read together, in one transaction)."""
+        pipe = self.r.pipeline()
+        pipe.get(self._key(spawn_id))
+        pipe.lrange(self.messages_key(spawn_id), 0, -1)
+        raw, items = pipe.execute()
+        return attach_messages(decode_record(raw), items) if raw else None
 
     def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> None:
         """Write ``record`` if ``token`` still holds the lease; else :class:`LeaseLost`.
 
         ``release``: give the lease back in the same atomic step (an attempt's last write).
         """
-        record.updated = time.time()
-        ok = self._fenced_set(
-            keys=[self._key(record.spawn_id), self.lease_key(record.spawn_id)],
-            args=[record.model_dump_json(), token, self.retention, "1" if release else "0"],
-        )
-        if not ok:
+        keys, args = self._save_call(record, token, release)
+        if not self._save(keys=keys, args=args):
             raise LeaseLost(record.spawn_id)
-        if record.finished:
-            self.r.srem(self.active_key, record.spawn_id)
+        _mark_saved(record)
 
     def save_unfenced(self, record: SpawnRecord) -> None:
         """For writes by the caller side while no worker holds the spawn (decisions, cancel)."""
         record.updated = time.time()
-        self.r.set(self._key(record.spawn_id), record.model_dump_json(), ex=self.retention)
+        pipe = self.r.pipeline()
+        self._queue_write(pipe, record)
+        pipe.execute()
+        _mark_saved(record)
 
     def claim(self, spawn_id: str, ttl_ms: int) -> tuple[SpawnRecord | None, str | None]:
         """Start an attempt: take the lease and mark the record in one transaction.
 
         Returns the record and the lease token. No token: the spawn does not exist (no record
-        either), is finished, or another attempt holds it. On success the record is ``running``
-        with ``attempts`` counted, and ``lost_attempts`` too when it was ``running`` already
-        (the previous attempt's worker died or stalled without reporting back). Both keys are
-        written together, so no instant exists where a worker holds a spawn the reaper would
-        not recognise as held; a worker that dies right after the claim leaves "running, no
-        lease" once the lease expires.
+        either), is finished, or another attempt holds it (the record then comes without its
+        messages). On success the record, with its messages, is ``running`` with ``attempts``
+        counted, and ``lost_attempts`` too when it was ``running`` already (the previous
+        attempt's worker died or stalled without reporting back). The lease, its deadline and
+        the record are written together, so no instant exists where a worker holds a spawn the
+        reaper would not recognise as held; a worker that dies right after the claim leaves
+        "running, no lease" once the lease expires.
         """
-        key, lease = self._key(spawn_id), self.lease_key(spawn_id)
+        key, lease, messages = (
+            self._key(spawn_id),
+            self.lease_key(spawn_id),
+            self.messages_key(spawn_id),
+        )
         with self.r.pipeline() as pipe:
             for _ in range(CLAIM_TRIES):
                 try:
-                    pipe.watch(key, lease)
+                    pipe.watch(key, lease, messages)
                     raw = cast("bytes | None", pipe.get(key))
                     if not raw:
                         return None, None
-                    record = SpawnRecord.model_validate_json(raw)
+                    record = decode_record(raw)
                     if record.finished or pipe.exists(lease):
                         return record, None
-                    record.attempts += 1
-                    if record.status == "running":
-                        record.lost_attempts += 1
-                    record.status = "running"
-                    record.updated = time.time()
-                    token = uuid.uuid4().hex
+                    attach_messages(record, cast("list[bytes]", pipe.lrange(messages, 0, -1)))
+                    token = _start_attempt(record)
                     pipe.multi()
-                    pipe.set(lease, token, px=ttl_ms)
-                    pipe.set(key, record.model_dump_json(), ex=self.retention)
+                    self._queue_claim(pipe, record, token, ttl_ms)
                     pipe.execute()
+                    _mark_saved(record)
                     return record, token
                 except redis.WatchError:
                     continue  # a decision or a cancel was written meanwhile: read it again
         raise redis.WatchError(f"spawn {spawn_id}: the record kept changing while being claimed")
 
     def renew(self, spawn_id: str, token: str, ttl_ms: int) -> bool:
-        return bool(self._renew(keys=[self.lease_key(spawn_id)], args=[token, ttl_ms]))
+        return not self.renew_all({spawn_id: token}, ttl_ms)
+
+    def renew_all(self, held: Mapping[str, str], ttl_ms: int) -> list[str]:
+        """Renew every lease of ``held`` (spawn id → token) in one call; returns the spawn ids
+        whose lease was no longer that token's (expired, or taken by another attempt)."""
+        if not held:
+            return []
+        keys, args = self._renewal(held, ttl_ms)
+        return _names(self._renew_all(keys=keys, args=args))
 
     def release(self, spawn_id: str, token: str) -> None:
-        self._release(keys=[self.lease_key(spawn_id)], args=[token])
+        self._release(keys=[self.lease_key(spawn_id), self.leases_key], args=[token, spawn_id])
 
     def leased(self, spawn_id: str) -> bool:
         return bool(self.r.exists(self.lease_key(spawn_id)))
 
     def active(self) -> list[str]:
-        return sorted(
-            m.decode() if isinstance(m, bytes) else m
-            for m in cast(set[Any], self.r.smembers(self.active_key))
-        )
+        return sorted(_names(cast(set[Any], self.r.smembers(self.active_key))))
 
     def request_cancel(self, spawn_id: str) -> None:
-        self.r.set(f"{self.prefix}cancel:{spawn_id}", "1", ex=self.retention)
+        self.r.set(self.cancel_key(spawn_id), "1", ex=self.retention)
 
     def cancel_requested(self, spawn_id: str) -> bool:
-        return bool(self.r.exists(f"{self.prefix}cancel:{spawn_id}"))
+        return bool(self.r.exists(self.cancel_key(spawn_id)))
 
-    # -- decisions on calls that wait for a person ---------------------------------------------
+    def fail_unheld(
+        self,
+        spawn_id: str,
+        *,
+        served: Callable[[SpawnRecord], bool],
+        error: Callable[[SpawnRecord], str],
+    ) -> SpawnRecord | None:
+        """Fail a spawn no attempt holds (``queued``, or ``running`` with its lease expired)
+        unless ``served(record)``; its error is ``error(record)``.
+
+        A transaction over the record and its lease: a worker that claims the spawn at the same
+        moment either wins or finds it finished. Returns the failed record, without its
+        messages; ``None`` when the spawn was left as it is.
+        """
+        key, lease = self._key(spawn_id), self.lease_key(spawn_id)
+        with self.r.pipeline() as pipe:
+            for _ in range(FAIL_TRIES):
+                try:
+                    pipe.watch(key, lease)
+                    raw = cast("bytes | None", pipe.get(key))
+                    if not raw or pipe.exists(lease):
+                        return None
+                    record = decode_record(raw)
+                    if record.status not in UNHELD_STATUSES or served(record):
+                        return None
+                    record.status = "failed"
+                    record.error = error(record)
+                    record.updated = time.time()
+                    pipe.multi()
+                    self._queue_write(pipe, record)
+                    pipe.srem(self.active_key, spawn_id)
+                    pipe.zrem(self.leases_key, spawn_id)
+                    pipe.execute()
+                    return record
+                except redis.WatchError:
+                    continue  # claimed, decided or cancelled meanwhile: look again
+        return None
 
     def decide(
         self, spawn_id: str, call_id: str, user: str, approve: bool
     ) -> tuple[SpawnRecord, bool]:
         """Record ``user``'s decision on ``call_id`` in one transaction.
 
-        Returns the record as it now stands and whether this decision settled the call (the
-        spawn is then ``queued`` and the caller enqueues it). The record is read, changed and
-        written under ``WATCH``: a concurrent write (another decision, a cancel, a worker's
-        claim) makes the write fail and the decision is applied again to what that writer left,
-        so concurrent decisions are all recorded or refused, never lost, and exactly one of them
-        settles the call. Refusals: :class:`NotWaiting`, :class:`AlreadyDecided`.
+        Returns the record as it now stands, without its messages, and whether this decision
+        settled the call (the spawn is then ``queued`` and the caller enqueues it). The record
+        is read, changed and written under ``WATCH``: a concurrent write (another decision, a
+        cancel, a worker's claim) makes the write fail and the decision is applied again to
+        what that writer left, so concurrent decisions are all recorded or refused, never lost,
+        and exactly one of them settles the call. Refusals: :class:`NotWaiting`,
+        :class:`AlreadyDecided`.
         """
         key = self._key(spawn_id)
         with self.r.pipeline() as pipe:
@@ -223,12 +413,12 @@ class SpawnStore:
                     raw = cast("bytes | None", pipe.get(key))
                     if not raw:
                         raise NotFoundError("spawn", spawn_id)
-                    record = SpawnRecord.model_validate_json(raw)
-                    if not _apply_decision(record, call_id, user, approve):
+                    record = decode_record(raw)
+                    if not apply_decision(record, call_id, user, approve):
                         return record, False  # a repeat of this person's decision
                     record.updated = time.time()
                     pipe.multi()
-                    pipe.set(key, record.model_dump_json(), ex=self.retention)
+                    self._queue_write(pipe, record)
                     pipe.execute()
                     return record, record.status == "queued"
                 except redis.WatchError:
@@ -236,71 +426,77 @@ class SpawnStore:
         raise redis.WatchError(f"spawn {spawn_id}: the record kept changing during a decision")
 
 
-#: How many times :meth:`SpawnStore.decide` retries when a concurrent write changed the record.
-DECIDE_TRIES = 32
+# -- the engine's store -----------------------------------------------------------------------
 
 
-class DecisionRefused(UserError):
-    """A decision the spawn's state does not allow (HTTP 409); nothing was recorded."""
+class AsyncSpawnStore(_Keys):
+    """What the engine's coroutines need of :class:`SpawnStore`, on ``redis.asyncio``: the same
+    keys, scripts and semantics."""
 
+    def __init__(
+        self, client: redis.asyncio.Redis, prefix: str = "ongrid:", retention: int = 7 * 86400
+    ) -> None:
+        super().__init__(prefix, retention)
+        self.r = client
+        self._save = client.register_script(SAVE)
+        self._renew_all = client.register_script(RENEW_ALL)
+        self._release = client.register_script(RELEASE)
 
-class NotWaiting(DecisionRefused):
-    """The spawn does not wait for a decision on that call (any more, or never did)."""
+    async def get(self, spawn_id: str) -> SpawnRecord | None:
+        """The record with its messages (read together, in one transaction)."""
+        async with self.r.pipeline() as pipe:
+            pipe.get(self._key(spawn_id))
+            pipe.lrange(self.messages_key(spawn_id), 0, -1)
+            raw, items = await pipe.execute()
+        return attach_messages(decode_record(raw), items) if raw else None
 
-    def __init__(self, record: SpawnRecord, call_id: str) -> None:
-        self.status = record.status
-        self.waiting_on = sorted(
-            cid
-            for cid, approval in (record.state.approvals if record.state else {}).items()
-            if record.status == "waiting" and not _settled(approval)
+    async def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> None:
+        """:meth:`SpawnStore.save`."""
+        keys, args = self._save_call(record, token, release)
+        if not await self._save(keys=keys, args=args):
+            raise LeaseLost(record.spawn_id)
+        _mark_saved(record)
+
+    async def claim(self, spawn_id: str, ttl_ms: int) -> tuple[SpawnRecord | None, str | None]:
+        """:meth:`SpawnStore.claim`."""
+        key, lease, messages = (
+            self._key(spawn_id),
+            self.lease_key(spawn_id),
+            self.messages_key(spawn_id),
         )
-        super().__init__(f"spawn {record.spawn_id} is not waiting for a decision on {call_id!r}")
+        async with self.r.pipeline() as pipe:
+            for _ in range(CLAIM_TRIES):
+                try:
+                    await pipe.watch(key, lease, messages)
+                    raw = await pipe.get(key)
+                    if not raw:
+                        return None, None
+                    record = decode_record(raw)
+                    if record.finished or await pipe.exists(lease):
+                        return record, None
+                    items = await cast("Awaitable[list[bytes]]", pipe.lrange(messages, 0, -1))
+                    attach_messages(record, items)
+                    token = _start_attempt(record)
+                    pipe.multi()
+                    self._queue_claim(pipe, record, token, ttl_ms)
+                    await pipe.execute()
+                    _mark_saved(record)
+                    return record, token
+                except redis.WatchError:
+                    continue  # a decision or a cancel was written meanwhile: read it again
+        raise redis.WatchError(f"spawn {spawn_id}: the record kept changing while being claimed")
 
+    async def renew_all(self, held: Mapping[str, str], ttl_ms: int) -> list[str]:
+        """:meth:`SpawnStore.renew_all`."""
+        if not held:
+            return []
+        keys, args = self._renewal(held, ttl_ms)
+        return _names(await self._renew_all(keys=keys, args=args))
 
-class AlreadyDecided(DecisionRefused):
-    """Someone else settled the call first; the first decision stands."""
-
-    def __init__(self, spawn_id: str, call_id: str, approval: Approval) -> None:
-        self.decision = "denied" if approval.denied_by is not None else "approved"
-        self.decided_by = (
-            [approval.denied_by] if approval.denied_by is not None else list(approval.approved_by)
+    async def release(self, spawn_id: str, token: str) -> None:
+        await self._release(
+            keys=[self.lease_key(spawn_id), self.leases_key], args=[token, spawn_id]
         )
-        super().__init__(
-            f"call {call_id!r} of spawn {spawn_id} was already {self.decision} by "
-            f"{' and '.join(self.decided_by)}; the first decision stands"
-        )
 
-
-def _settled(approval: Approval) -> bool:
-    """Denied, or approved by as many different people as the call needs."""
-    return approval.denied_by is not None or len(set(approval.approved_by)) >= approval.needed
-
-
-def _repeats(approval: Approval, user: str, approve: bool) -> bool:
-    """Whether the decision is one ``user`` already took on this call."""
-    if approval.denied_by is not None:
-        return not approve and approval.denied_by == user
-    return approve and user in approval.approved_by
-
-
-def _apply_decision(record: SpawnRecord, call_id: str, user: str, approve: bool) -> bool:
-    """Apply one decision to ``record`` (``queued`` once it settles the call); False when it
-    only repeats what ``user`` decided already, on a call still open."""
-    approval = record.state.approvals.get(call_id) if record.state else None
-    if approval is None:
-        raise NotWaiting(record, call_id)
-    if _settled(approval):
-        if not _repeats(approval, user, approve):
-            raise AlreadyDecided(record.spawn_id, call_id, approval)
-        raise NotWaiting(record, call_id)  # the spawn has moved on since that decision
-    if record.status != "waiting":
-        raise NotWaiting(record, call_id)
-    if approve:
-        if user in approval.approved_by:
-            return False
-        approval.approved_by.append(user)
-    else:
-        approval.denied_by = user
-    if _settled(approval):
-        record.status = "queued"
-    return True
+    async def cancel_requested(self, spawn_id: str) -> bool:
+        return bool(await self.r.exists(self.cancel_key(spawn_id)))

@@ -1,0 +1,165 @@
+"""One reaper per cluster: it enqueues again the running spawns whose worker is gone.
+
+A worker that dies leaves its spawns ``running`` with their leases expiring. Every worker runs a
+:class:`Reaper`, and they elect one: the key ``{prefix}reaper`` holds the leader's worker id with
+a TTL of a few periods, renewed by its holder; the others stand by and the first to find it gone
+takes over. The leader reads only the expired entries of the sorted set of lease deadlines
+(:attr:`SpawnStore.leases_key`), never the records of live spawns, so its work follows the
+number of dead leases, not the number of spawns. All times are the Redis server's (``TIME``), so
+a worker whose clock is wrong changes nothing.
+
+Each expired entry whose lease key is gone and whose record is still ``running`` is enqueued
+again once (``{prefix}requeue:{id}``, set ``NX`` for a lease's time, guards against a second
+enqueue by a previous leader) and removed; entries of spawns that are not running any more, or
+no longer exist, are removed. An entry is removed only if its deadline has not moved since it was
+read: a spawn claimed again meanwhile keeps the entry of its new lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from workers._spawn_scripts import (
+    COMPARE_AND_DELETE,
+    COMPARE_AND_PEXPIRE,
+    EXPIRED_LEASES,
+    FORGET_EXPIRED,
+)
+from workers.spawns import SpawnRecord, SpawnStore, decode_record
+
+__all__ = ["ELECTION_PERIODS", "REAP_BATCH", "Reaper"]
+
+log = logging.getLogger(__name__)
+
+#: The leader's election key lives this many periods: it survives two missed renewals.
+ELECTION_PERIODS = 3
+#: Expired leases looked at per period, at most (the rest wait for the next period).
+REAP_BATCH = 500
+
+
+class Reaper:
+    """The reaper thread of one worker; it reaps only while it is the elected leader.
+
+    ``requeue(record)`` enqueues a spawn again (the record comes without its messages);
+    ``on_resumed(spawn_id)`` is called after each enqueue.
+    """
+
+    def __init__(
+        self,
+        store: SpawnStore,
+        redis_client: redis.Redis,
+        worker_id: str,
+        lease_ms: int,
+        period_s: float,
+        requeue: Callable[[SpawnRecord], None],
+        on_resumed: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store, self.r, self.worker_id = store, redis_client, worker_id
+        self.lease_ms, self.period_s = lease_ms, period_s
+        self.requeue, self.on_resumed = requeue, on_resumed
+        self.election_key = f"{store.prefix}reaper"
+        self._election_ms = int(period_s * 1000 * ELECTION_PERIODS)
+        self._extend = redis_client.register_script(COMPARE_AND_PEXPIRE)
+        self._resign = redis_client.register_script(COMPARE_AND_DELETE)
+        self._expired = redis_client.register_script(EXPIRED_LEASES)
+        self._forget = redis_client.register_script(FORGET_EXPIRED)
+        self._leader = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="spawn-reaper", daemon=True)
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader.is_set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, resign: bool = True) -> None:
+        """Stop reaping. ``resign``: give the leadership up at once (else it lapses with the
+        election key's TTL), so another worker's reaper takes over at its next period."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if resign and self._leader.is_set():
+            try:
+                self._resign(keys=[self.election_key], args=[self.worker_id])
+            except redis.RedisError as exc:
+                log.warning("reaper: could not resign the leadership: %s", exc)
+        self._leader.clear()
+
+    def tick(self) -> int:
+        """One period's work: keep or seek the leadership, and reap if leading. Returns how
+        many spawns were enqueued again."""
+        if not self._elect():
+            return 0
+        return self._reap()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except redis.RedisError as exc:
+                log.warning("reaper: %s", exc)
+            except Exception:  # noqa: BLE001 - a bug in one period must not end the reaping
+                log.exception("reaper: the period failed")
+            self._stop.wait(self.period_s)
+
+    def _elect(self) -> bool:
+        if self._leader.is_set():
+            if self._extend(keys=[self.election_key], args=[self.worker_id, self._election_ms]):
+                return True
+            self._leader.clear()
+            log.warning("reaper of %s lost the leadership (it stalled too long)", self.worker_id)
+        if self.r.set(self.election_key, self.worker_id, nx=True, px=self._election_ms):
+            self._leader.set()
+            log.info("reaper of %s is the leader", self.worker_id)
+            return True
+        return False
+
+    def _reap(self) -> int:
+        now, members = self._expired(keys=[self.store.leases_key], args=[REAP_BATCH])
+        spawn_ids = [m.decode() if isinstance(m, bytes) else str(m) for m in members]
+        if not spawn_ids:
+            return 0
+        pipe = self.r.pipeline(transaction=False)
+        for spawn_id in spawn_ids:
+            pipe.exists(self.store.lease_key(spawn_id))
+            pipe.get(self.store._key(spawn_id))
+        found = pipe.execute()
+        done, resumed = [], 0
+        for i, spawn_id in enumerate(spawn_ids):
+            leased, raw = found[2 * i], found[2 * i + 1]
+            if leased:
+                continue  # the deadline passed but the lease lives: it is renewed or expires
+            outcome = self._resume(spawn_id, raw)
+            if outcome is not None:
+                done.append(spawn_id)
+                resumed += outcome
+        if done:
+            self._forget(keys=[self.store.leases_key], args=[now, *done])
+        return resumed
+
+    def _resume(self, spawn_id: str, raw: Any) -> int | None:
+        """Enqueue the spawn again if it runs without a worker. Returns 1 if enqueued, 0 if its
+        entry is only to be removed, ``None`` if the entry stays (the enqueue failed)."""
+        record = decode_record(raw) if raw else None
+        if record is None or record.status != "running":
+            return 0
+        guard = self.store.requeue_key(spawn_id)
+        if not self.r.set(guard, "1", nx=True, px=self.lease_ms):
+            return 0  # enqueued already, by this leader or the one before it
+        log.warning("spawn %s lost its worker; re-enqueuing", spawn_id)
+        try:
+            self.requeue(record)
+        except Exception:  # noqa: BLE001 - the next period tries again; others still get reaped
+            log.exception("spawn %s could not be enqueued again", spawn_id)
+            self.r.delete(guard)
+            return None
+        if self.on_resumed is not None:
+            self.on_resumed(spawn_id)
+        return 1
