@@ -16,6 +16,8 @@ subscriber back to the stream, and anything at or below the last delivered ``seq
 
 That protocol is written once, in :func:`_follow`, as a generator of I/O requests; the blocking
 :meth:`EventBus.subscribe` and the asyncio :meth:`EventBus.asubscribe` only carry the requests out.
+Publishing is written once too: :meth:`EventBus.publish` runs the script for one event, and
+:meth:`EventBus.apublish_many` runs it for many events in one pipeline (one round trip) on asyncio.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ from typing import Any, NamedTuple, Protocol
 import redis
 import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from registry.errors import UserError
 from workers.messages import EVENT_ADAPTER, Event
 
-__all__ = ["EventBus", "Published", "SessionKeys"]
+__all__ = ["EventBus", "Outgoing", "Published", "SessionKeys"]
 
 #: Stream entries read per XRANGE while catching up.
 _CHUNK = 500
@@ -105,6 +108,14 @@ class Published:
     @property
     def seq(self) -> int:
         return self.event.seq
+
+
+class Outgoing(NamedTuple):
+    """One event to publish, with the dedup key and index :meth:`EventBus.publish` takes."""
+
+    event: Event
+    dedup_key: str | None = None
+    dedup_index: int | None = None
 
 
 class SessionKeys(NamedTuple):
@@ -179,21 +190,62 @@ class EventBus:
         one already published under that key is a duplicate: nothing is stored or sent, and the
         result carries the earlier ``seq``. Indexes need not be contiguous, only increasing.
         """
+        keys, args = self._script_call(Outgoing(event, dedup_key, dedup_index))
+        return _published(event, self._publish(keys=keys, args=args))
+
+    async def apublish_many(
+        self, items: Sequence[Outgoing], *, client: redis.asyncio.Redis | None = None
+    ) -> list[Published | ResponseError]:
+        """:meth:`publish` for each item, in order, in one pipeline on ``client`` (default:
+        ``async_client``): one round trip for the lot.
+
+        The pipeline is not a transaction: each event is numbered, stored and announced atomically
+        by the script, and an event the server refused (e.g. out of memory) is returned as its
+        error in its place while the others go on. A lost connection raises; redis-py may then
+        send the pipeline again, which only dedup keys make harmless, so pass them.
+        """
+        client = client if client is not None else self._aclient
+        if client is None:
+            raise UserError("EventBus.apublish_many needs async_client=redis.asyncio.Redis(...)")
+        calls = [self._script_call(item) for item in items]
+        replies = await self._evalsha_all(client, calls)
+        if missing := [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]:
+            # The server lost its script cache (restart, SCRIPT FLUSH): the refused events form
+            # the tail of the pipeline, so running them again in order keeps the order.
+            await client.script_load(_PUBLISH_LUA)
+            again = await self._evalsha_all(client, [calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        return [
+            reply if isinstance(reply, ResponseError) else _published(item.event, reply)
+            for item, reply in zip(items, replies, strict=True)
+        ]
+
+    def _script_call(self, item: Outgoing) -> tuple[list[str], list[Any]]:
+        """The publish script's keys and arguments for one event."""
+        event, dedup_key, dedup_index = item
         if (dedup_key is None) != (dedup_index is None):
             raise ValueError("pass dedup_key and dedup_index together, or neither")
         keys = self.keys(event.session_id)
-        duplicate, seq = self._publish(
-            keys=[keys.stream, keys.seq, keys.dedup],
-            args=[
-                keys.channel,
-                event.model_dump_json(exclude={"seq"}),
-                self.maxlen,
-                self.ttl,
-                dedup_key or "",
-                -1 if dedup_index is None else dedup_index,
-            ],
-        )
-        return Published(event.model_copy(update={"seq": int(seq)}), duplicate=bool(duplicate))
+        args = [
+            keys.channel,
+            event.model_dump_json(exclude={"seq"}),
+            self.maxlen,
+            self.ttl,
+            dedup_key or "",
+            -1 if dedup_index is None else dedup_index,
+        ]
+        return [keys.stream, keys.seq, keys.dedup], args
+
+    async def _evalsha_all(
+        self, client: redis.asyncio.Redis, calls: Sequence[tuple[list[str], list[Any]]]
+    ) -> list[Any]:
+        # EVALSHA directly rather than through a registered script: redis-py would add a round
+        # trip (SCRIPT EXISTS) to every pipeline to check what a NOSCRIPT reply tells anyway.
+        async with client.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                pipe.evalsha(self._publish.sha, len(keys), *keys, *args)
+            return list(await pipe.execute(raise_on_error=False))
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -201,6 +253,18 @@ class EventBus:
         """The highest ``seq`` handed out in the session, ``0`` before the first event."""
         value: Any = self._client.get(self.keys(session_id).seq)
         return int(value or 0)
+
+    def last_event_of(self, session_id: str, dedup_key: str) -> Event | None:
+        """The last event published under ``dedup_key`` in the session, if still stored."""
+        dedup = self.keys(session_id).dedup
+        index: Any = self._client.hget(dedup, f"max:{dedup_key}")
+        if index is None:
+            return None
+        seq: Any = self._client.hget(dedup, f"seq:{dedup_key}:{int(index)}")
+        if not seq:
+            return None
+        found = self.history(session_id, after_seq=int(seq) - 1, limit=1)
+        return found[0] if found and found[0].seq == int(seq) else None
 
     def history(self, session_id: str, after_seq: int = 0, limit: int | None = None) -> list[Event]:
         """Stored events with ``seq > after_seq``, oldest first; events past retention are gone."""
@@ -212,13 +276,14 @@ class EventBus:
         session_id: str,
         after_seq: int = 0,
         *,
-        stop: threading.Event | None = None,
+        stop: threading.Event | _Flag | None = None,
         timeout: float | None = None,
         until: Callable[[Event], bool] | None = None,
     ) -> Iterator[Event]:
         """Yield every event with ``seq > after_seq`` exactly once, in order, then follow live.
 
-        Ends when ``stop`` is set, when ``timeout`` seconds pass without an event, or right after
+        Ends when ``stop`` (anything with ``is_set()``, looked at every fraction of a second) is
+        set, when ``timeout`` seconds pass without an event, or right after
         yielding an event for which ``until`` is true. Events trimmed by retention are skipped.
         """
         steps = _follow(after_seq, stop, timeout, until, self.recheck, self.retry_for)
@@ -516,6 +581,12 @@ class _AsyncIO(_PubSubIO):
 
 
 # --- small helpers ----------------------------------------------------------------------------
+
+
+def _published(event: Event, reply: Any) -> Published:
+    """The publish script's reply ``{duplicate, seq}`` as a :class:`Published`."""
+    duplicate, seq = reply
+    return Published(event.model_copy(update={"seq": int(seq)}), duplicate=bool(duplicate))
 
 
 def _after(seq: int) -> tuple[str, str]:

@@ -1,0 +1,215 @@
+"""``SpawnClient.wait`` on a real Redis (DB 5): it follows the session's events instead of polling,
+and still returns, stops, times out and fails a stranded spawn as it always did.
+
+The worker's side is played by the test with the same calls a worker makes: the notification
+published under the spawn's dedup key, then the final record written.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import redis
+
+from registry.errors import NotFoundError, WorkerDraining
+from registry.settings import Settings
+from workers.client import SpawnClient
+from workers.messages import ConfirmationRequired, TaskNotification, TextDelta
+from workers.spawns import SpawnRecord
+
+URL = "redis://127.0.0.1:6379/5"
+#: How long a wait that should return may take before the test calls it stuck.
+LIVENESS = 60.0
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[SpawnClient]:
+    with redis.Redis.from_url(URL) as r:
+        r.flushdb()
+        spawns = SpawnClient(Settings(redis_url=URL, agents_dir=tmp_path))
+        yield spawns
+        spawns.redis.close()
+        r.flushdb()
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+def running(client: SpawnClient, status: str = "running", queue: str = "") -> SpawnRecord:
+    record = SpawnRecord(session_id="s1", persona="probe", prompt="p", status=status, queue=queue)  # type: ignore[arg-type]
+    return client.store.create(record)
+
+
+def finish(
+    client: SpawnClient,
+    record: SpawnRecord,
+    status: Literal["ok", "failed"] = "ok",
+    pause: float = 0.0,
+) -> None:
+    """What a worker's last step does: announce the end, then write the final record."""
+    note = TaskNotification(
+        session_id=record.session_id, spawn_id=record.spawn_id, status=status, message="done"
+    )
+    client.bus.publish(note, dedup_key=f"spawn:{record.spawn_id}", dedup_index=1)
+    time.sleep(pause)
+    write(client, record, status)
+
+
+def write(client: SpawnClient, record: SpawnRecord, status: str) -> None:
+    saved = client.store.get(record.spawn_id)
+    assert saved is not None
+    saved.status = status  # type: ignore[assignment]
+    saved.result = "done"
+    client.store.save_unfenced(saved)
+
+
+def waiting_on(pool: ThreadPoolExecutor, client: SpawnClient, spawn_id: str, **kw: Any) -> Future:
+    """Start ``wait`` in a thread and return once it follows the session's channel."""
+    channel = client.bus.keys("s1").channel
+    before = subscribers(client, channel)
+    started = pool.submit(client.wait, spawn_id, **kw)
+    eventually(lambda: subscribers(client, channel) > before or started.done(), "wait to listen")
+    return started
+
+
+def subscribers(client: SpawnClient, channel: str) -> int:
+    counts: Any = client.redis.pubsub_numsub(channel)
+    return int(counts[0][1])
+
+
+def eventually(condition: Callable[[], Any], what: str) -> None:
+    deadline = time.monotonic() + LIVENESS
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("status", ["ok", "failed", "cancelled", "waiting"])
+def test_a_spawn_already_settled_is_returned_at_once(client: SpawnClient, status: str):
+    record = running(client, status)
+
+    assert client.wait(record.spawn_id, timeout=0).status == status
+
+
+def test_an_unknown_spawn_is_not_found(client: SpawnClient):
+    with pytest.raises(NotFoundError):
+        client.wait("nope", timeout=1)
+
+
+@pytest.mark.parametrize("status", ["ok", "failed"])
+def test_the_notification_ends_the_wait(
+    client: SpawnClient, pool: ThreadPoolExecutor, status: Literal["ok", "failed"]
+):
+    record = running(client)
+    started = waiting_on(pool, client, record.spawn_id, timeout=LIVENESS)
+
+    finish(client, record, status, pause=0.05)  # the record follows the event by a moment
+
+    done = started.result(LIVENESS)
+    assert (done.status, done.result) == (status, "done")
+
+
+def test_a_confirmation_ends_the_wait_once_the_spawn_waits(
+    client: SpawnClient, pool: ThreadPoolExecutor
+):
+    record = running(client)
+    started = waiting_on(pool, client, record.spawn_id, timeout=LIVENESS)
+
+    asks = ConfirmationRequired(
+        session_id="s1",
+        spawn_id=record.spawn_id,
+        call_id="c1",
+        name="restart",
+        arguments="{}",
+        confirmation="once",
+    )
+    client.bus.publish(asks, dedup_key=f"spawn:{record.spawn_id}", dedup_index=0)
+    write(client, record, "waiting")
+
+    assert started.result(LIVENESS).status == "waiting"
+
+
+def test_a_notification_published_before_the_wait_began_is_not_missed(
+    client: SpawnClient, pool: ThreadPoolExecutor
+):
+    record = running(client)
+    note = TaskNotification(session_id="s1", spawn_id=record.spawn_id, status="ok")
+    client.bus.publish(note, dedup_key=f"spawn:{record.spawn_id}", dedup_index=1)
+
+    started = pool.submit(client.wait, record.spawn_id, timeout=LIVENESS)
+    time.sleep(0.05)  # wait has read the record still running, after its notification
+    write(client, record, "ok")
+
+    assert started.result(LIVENESS).status == "ok"
+
+
+def test_other_spawns_events_do_not_end_the_wait(client: SpawnClient, pool: ThreadPoolExecutor):
+    record, other = running(client), running(client)
+    started = waiting_on(pool, client, record.spawn_id, timeout=LIVENESS)
+
+    finish(client, other)
+    client.bus.publish(TextDelta(session_id="s1", spawn_id=record.spawn_id, text="still going"))
+    assert not started.done()
+    finish(client, record)
+
+    assert started.result(LIVENESS).spawn_id == record.spawn_id
+
+
+def test_a_final_record_without_its_event_is_seen_in_a_busy_session(
+    client: SpawnClient, pool: ThreadPoolExecutor
+):
+    """The event may be lost (a dropped connection, a crash before it): the record is read again
+    every few seconds even while the session's other spawns keep its stream busy."""
+    record = running(client)
+    chatter_stop = threading.Event()
+
+    def chatter() -> None:
+        while not chatter_stop.wait(0.02):
+            client.bus.publish(TextDelta(session_id="s1", spawn_id="other", text="."))
+
+    noise = pool.submit(chatter)
+    try:
+        started = waiting_on(pool, client, record.spawn_id, timeout=LIVENESS)
+        write(client, record, "ok")  # no notification at all
+        assert started.result(LIVENESS).status == "ok"
+    finally:
+        chatter_stop.set()
+        noise.result(LIVENESS)
+
+
+def test_stop_gives_up_with_worker_draining(client: SpawnClient, pool: ThreadPoolExecutor):
+    record = running(client)
+    stop = threading.Event()
+    started = waiting_on(pool, client, record.spawn_id, stop=stop)
+
+    stop.set()
+
+    with pytest.raises(WorkerDraining, match=record.spawn_id):
+        started.result(LIVENESS)
+
+
+def test_a_spawn_still_running_at_the_timeout_raises(client: SpawnClient):
+    record = running(client)
+
+    with pytest.raises(TimeoutError, match="still running after 0.3s"):
+        client.wait(record.spawn_id, timeout=0.3)
+
+
+def test_a_stranded_spawn_is_failed_naming_its_queue(client: SpawnClient):
+    record = running(client, "queued", queue="ongrid.nobody")  # no worker consumes it
+
+    done = client.wait(record.spawn_id, timeout=LIVENESS, stranded=True)
+
+    assert done.status == "failed"
+    assert "ongrid.nobody" in done.error
+    (note,) = [e for e in client.bus.history("s1") if e.type == "task_notification"]
+    assert note.spawn_id == record.spawn_id and note.status == "failed"
