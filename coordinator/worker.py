@@ -4,7 +4,7 @@
 worker``) and the Compose services all run the Celery app :func:`worker_app` returns. The entry
 point loads the settings once and passes them here; nothing reads the environment at import.
 
-The app carries two bootsteps, which run only when it starts a worker (never for Flower,
+The app carries three bootsteps, which run only when it starts a worker (never for Flower,
 ``celery inspect`` or a process that only sends tasks):
 
 * :class:`_Runtime`, before the worker takes anything: builds the
@@ -13,6 +13,10 @@ The app carries two bootsteps, which run only when it starts a worker (never for
   migrates the database and reads user personas from it, installs the coordinator persona and
   the AgentTool, and makes the runtime the one this process's spawn tasks run on. Any failure
   stops the worker with the reason before it consumes a message.
+* :class:`_Observe`, before the worker takes anything: serves the process's Prometheus metrics
+  on ``metrics_port`` when it is set (a port in use stops the worker, naming it) and installs
+  the OTLP trace exporter when ``otlp_endpoint`` is set (its spans name the worker's node as
+  their ``service.instance.id``); both stop after the pool has.
 * :class:`_Advertise`, once the consumer consumes: advertises the queues it actually consumes
   (those of ``-Q``), so callers can refuse a spawn nobody would run (:mod:`workers.consumers`);
   withdrawn when the consumer stops.
@@ -24,7 +28,7 @@ module the raw Celery command names, reaches it only when Celery first asks for 
 A plain ``ongrid worker`` also serves coordinator turns, in a :class:`CoordinatorPool`: a child
 ``ongrid worker --queues ongrid.coordinator`` process with slots of its own. A coordinator turn
 holds its slot while it waits on specialists; in a pool of its own, turns can never take every
-slot the specialists need.
+slot the specialists need. Its metrics are served on the next port, ``metrics_port + 1``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ from registry.errors import OngridError
 from registry.settings import Settings
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, make_celery, redis_unreachable
 from workers.consumers import QueueAdvertiser
+from workers.metrics import serve_metrics
 from workers.runtime import WorkerRuntime, use_worker_runtime
+from workers.tracing import init_tracing, shutdown_tracing
 
 __all__ = ["CoordinatorPool", "build_runtime", "die_with_parent", "entry_app", "worker_app"]
 
@@ -79,6 +85,7 @@ def worker_app(settings: Settings) -> Celery:
     """The Celery app of a worker process: :func:`~workers.celery_app.make_celery` plus the
     bootsteps that build the runtime and advertise the queues when it starts a worker."""
     app = make_celery(settings)
+    app.steps["worker"].add(_observe_step(settings, app))
     app.steps["worker"].add(_runtime_step(settings, app))
     app.steps["consumer"].add(_advertise_step(settings))
     return app
@@ -127,6 +134,35 @@ def _runtime_step(settings: Settings, app: Celery) -> type[bootsteps.StartStopSt
             worker_shutdown.connect(on_shutdown, weak=False)
 
     return _Runtime
+
+
+def _observe_step(settings: Settings, app: Celery) -> type[bootsteps.StartStopStep]:
+    class _Observe(bootsteps.StartStopStep):
+        name = "ongrid.observe"
+
+        def __init__(self, worker: Any, **kwargs: Any) -> None:
+            super().__init__(worker, **kwargs)
+            stop_metrics = None
+            if settings.metrics_port:
+                try:
+                    stop_metrics = serve_metrics(settings.metrics_host, settings.metrics_port)
+                except OngridError as exc:
+                    log.critical("the worker cannot start: %s", exc)
+                    raise SystemExit(f"ongrid worker: cannot start: {exc}") from None
+            traced = init_tracing(settings, "ongrid-worker", instance=worker.hostname)
+
+            # Once the pool has stopped: the spans of the last spawns are flushed, and the
+            # metrics are served while spawns still end.
+            def on_shutdown(sender: Any = None, **_: Any) -> None:
+                if getattr(sender, "app", None) is app:
+                    if traced:
+                        shutdown_tracing()
+                    if stop_metrics is not None:
+                        stop_metrics()
+
+            worker_shutdown.connect(on_shutdown, weak=False)
+
+    return _Observe
 
 
 def _why_not(settings: Settings, exc: Exception) -> str:
@@ -230,7 +266,7 @@ class CoordinatorPool:
         self._stopping = threading.Event()
 
     def start(self) -> CoordinatorPool:
-        self._env = dict(os.environ)
+        self._env = _pool_environ(dict(os.environ))
         self._spawn()
         threading.Thread(target=self._supervise, name="coordinator-pool", daemon=True).start()
         worker_shutting_down.connect(self._on_parent_shutdown, weak=False)
@@ -284,3 +320,10 @@ class CoordinatorPool:
             log.error("the coordinator pool did not stop within %.0f s; killing it", timeout)
             proc.kill()
             proc.wait()
+
+
+def _pool_environ(environ: dict[str, str]) -> dict[str, str]:
+    """The coordinator pool's environment: the parent's, with the next metrics port (two
+    processes cannot serve one), whether the parent's came from the environment or the file."""
+    port = Settings.load(environ).metrics_port
+    return {**environ, "ONGRID_METRICS_PORT": str(port + 1)} if port else environ

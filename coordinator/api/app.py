@@ -2,7 +2,8 @@
 
 ``create_app(settings)`` wires the database (SQLite by default, PostgreSQL by URL; migrated at
 start when reachable, else on first contact), the persona registry over the ``agents`` table, the
-chat store, the spawn client (Celery + Redis) and the tool catalog, then mounts the routers.
+chat store, the spawn client (Celery + Redis) and the tool catalog, then mounts the routers,
+``/metrics`` and the request telemetry (traces exported when ``otlp_endpoint`` is set).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from coordinator.api import agents, chat, health, skills, spawns
 from coordinator.api.deps import Services
 from coordinator.api.docs import install_docs
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
+from coordinator.api.metrics import install_metrics
 from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
 from coordinator.storage.personas import GuardedUserStore, SqlUserStore
@@ -30,6 +32,7 @@ from workers.client import SpawnClient
 from workers.hardening import harden_process
 from workers.reload import RegistryFollower, cluster_version
 from workers.tools import default_catalog
+from workers.tracing import init_tracing, shutdown_tracing
 
 __all__ = ["MAX_BODY_BYTES", "build_services", "create_app", "serve"]
 
@@ -83,11 +86,15 @@ def build_services(settings: Settings) -> Services:
 def create_app(settings: Settings) -> FastAPI:
     """The ASGI application for ``settings``."""
     services = build_services(settings)
+    traced = init_tracing(settings, "ongrid-api")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         services.close()
+        scrape_client.close()
+        if traced:
+            shutdown_tracing()  # the spans of the last requests are sent before the exit
 
     app = FastAPI(
         title="Ongrid persona runtime",
@@ -102,6 +109,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.services = services
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
+    # Outermost: requests the body limit refuses are counted and traced too.
+    scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)
     for module in (chat, spawns, agents, skills, health):
         app.include_router(module.router)
     app.include_router(spawns.approvals_router)
