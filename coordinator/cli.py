@@ -295,7 +295,7 @@ _SPECIALIST_QUEUES = "ongrid.interactive,ongrid.background"
     help="Comma-separated queues to consume, in this process only. Without it: "
     f"{_SPECIALIST_QUEUES}, plus ongrid.coordinator in a child process (see --coordinator-slots).",
 )
-@click.option("--concurrency", "-c", default=256, show_default=True, help="Spawns held at once.")
+@click.option("--concurrency", "-c", default=1024, show_default=True, help="Spawns held at once.")
 @click.option(
     "--coordinator-slots",
     default=16,

@@ -11,7 +11,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -59,6 +59,13 @@ _ENV: dict[str, str] = {
     "ONGRID_MODEL_RETRIES": "model_retries",
     "ONGRID_MODEL_RETRY_BASE_SECONDS": "model_retry_base_seconds",
     "ONGRID_MODEL_RETRY_MAX_SECONDS": "model_retry_max_seconds",
+    "ONGRID_SPAWN_TIME_LIMIT_SECONDS": "spawn_time_limit_seconds",
+    "ONGRID_TOOL_THREADS": "tool_threads",
+    "ONGRID_STREAM_REPLIES": "stream_replies",
+    "ONGRID_METRICS_PORT": "metrics_port",
+    "ONGRID_METRICS_HOST": "metrics_host",
+    # OpenTelemetry's own name for it, which collectors and operators already set.
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "otlp_endpoint",
 }
 #: Environment variables holding a path list (``os.pathsep``-separated).
 _ENV_LISTS: dict[str, str] = {
@@ -154,6 +161,24 @@ class Settings(BaseModel):
     model_retry_base_seconds: float = Field(default=1.0, ge=0)
     #: No wait between attempts is longer, a provider's ``Retry-After`` included.
     model_retry_max_seconds: float = Field(default=30.0, ge=0)
+    #: Longest run of one spawn attempt; past it the spawn is stopped and failed, saying so.
+    spawn_time_limit_seconds: float = Field(default=6 * 3600, gt=0)
+    #: Threads of a worker's pool for tool calls (blocking work, off the event loop): at most
+    #: this many tool calls of the process run at once; the others wait for a thread.
+    tool_threads: int = Field(default=64, ge=1, le=4096)
+    #: When model replies are streamed token by token: ``watched`` (only while someone follows
+    #: the session live; otherwise the reply is asked for in one piece, far cheaper, and its
+    #: text published as one delta), ``always`` or ``never``.
+    stream_replies: Literal["watched", "always", "never"] = "watched"
+    #: Port a worker serves its Prometheus metrics on (any path, e.g. ``/metrics``); 0: none.
+    #: A plain ``ongrid worker`` serves its coordinator pool's on the next one, ``metrics_port +
+    #: 1``. The API serves its own on ``GET /metrics`` whatever this is.
+    metrics_port: int = Field(default=0, ge=0, le=65534)
+    #: Interface the worker's metrics are served on (``0.0.0.0``: every interface).
+    metrics_host: str = "127.0.0.1"
+    #: Base URL of an OTLP/HTTP collector (e.g. ``http://127.0.0.1:4318``; spans go to its
+    #: ``/v1/traces``); empty: no traces are recorded, and spans cost next to nothing.
+    otlp_endpoint: str = ""
     #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
     tool_modules: list[str] = Field(default_factory=list)
     #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as

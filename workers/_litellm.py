@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -44,7 +44,8 @@ _RETRYABLE_STATUS = frozenset({408, 409, 429})
 def load() -> ModuleType:
     """Import and configure litellm, once per process (thread-safe); returns the module.
 
-    ``LITELLM_LOCAL_MODEL_COST_MAP`` and ``LITELLM_LOG`` are set (unless already set) before the
+    ``LITELLM_LOCAL_MODEL_COST_MAP``, ``LITELLM_LOG`` and aiohttp's connector limits are set (unless
+    already set) before the
     import, which reads them.
     """
     global _loaded
@@ -59,24 +60,54 @@ def load() -> ModuleType:
             )
         os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         os.environ.setdefault("LITELLM_LOG", "ERROR")
-        import httpx
+        # litellm's async calls go through aiohttp, whose connector allows 1000 connections,
+        # 500 per host: a worker holding more spawns than that on one provider would queue its
+        # model calls behind the limit. The spawns a worker takes (its concurrency) bound them.
+        os.environ.setdefault("AIOHTTP_CONNECTOR_LIMIT", "0")
+        os.environ.setdefault("AIOHTTP_CONNECTOR_LIMIT_PER_HOST", "0")
         import litellm
 
         litellm.telemetry = False
         litellm.suppress_debug_info = True
-        # Per-chunk success logging only feeds litellm callbacks, which the runtime does not use;
-        # left on, every streamed chunk costs a thread-pool task. End-of-stream logging still runs.
+        # Per-chunk success logging only feeds litellm callbacks, which the runtime does not use.
         litellm.disable_streaming_logging = True
-        # One HTTP connection pool for every model call of the process. litellm's default client
-        # keeps httpx's limits (100 connections, 20 kept alive): a worker holding hundreds of
-        # spawns would queue its model calls behind 100 sockets and reconnect (a TLS handshake
-        # per turn) above 20.
-        litellm.client_session = httpx.Client(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-            timeout=httpx.Timeout(600.0, connect=30.0),
-        )
+        # Measured (bench/litellm_paths.py): replacing litellm's own async transport with an
+        # httpx pool costs 2-6x the CPU per call; its default is the right one, so it is kept.
         _loaded = litellm
         return litellm
+
+
+_priced: set[str] = set()
+_price_lock = threading.Lock()
+
+
+def _price_unmapped(litellm: ModuleType, model: str) -> None:
+    """Register a zero price for a model litellm's cost map lacks, once per model.
+
+    Without one, litellm's cost calculation raises (and catches) on every call: the largest
+    single cost of a call through it (about 1.6 ms of CPU of a streamed call, measured). Such a
+    model's cost is reported as 0.0, as it was before.
+    """
+    if model in _priced:
+        return
+    with _price_lock:
+        _priced.add(model)
+        try:
+            litellm.get_model_info(model)
+            return
+        except Exception:  # noqa: BLE001 - litellm raises for a model it has no entry for
+            pass
+        provider = _provider(model)
+        if provider is None:
+            return  # the call itself fails, naming the provider nobody knows
+        # Under its full id only: an entry for the bare name would also route that name.
+        price = {
+            "input_cost_per_token": 0.0,
+            "output_cost_per_token": 0.0,
+            "litellm_provider": provider,
+            "mode": "chat",
+        }
+        litellm.register_model({model: price})
 
 
 # --- the project's types → OpenAI's shapes ----------------------------------------------------
@@ -277,35 +308,30 @@ class LitellmModel:
         given = self.credentials.for_provider(provider) if provider else {}
         return {**given, **self.options}
 
-    def stream(self, request: ModelRequest) -> Generator[str | ModelReply, None, None]:
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
         import httpx
         import openai  # litellm's exceptions derive from the OpenAI SDK's
 
         litellm = load()
-        reply = _Reply()
-        response: Any = None
+        _price_unmapped(litellm, request.model)
+        arguments: dict[str, Any] = {
+            "model": request.model,
+            "messages": [_openai_message(m) for m in request.messages],
+            "tools": [_openai_tool(t) for t in request.tools] or None,
+            "timeout": self.timeout,
+            **self._call_options(request.model),
+        }
         try:
-            response = litellm.completion(
-                model=request.model,
-                messages=[_openai_message(m) for m in request.messages],
-                tools=[_openai_tool(t) for t in request.tools] or None,
-                stream=True,
-                stream_options={"include_usage": True},
-                timeout=self.timeout,
-                **self._call_options(request.model),
-            )
-            for chunk in response:
-                text = reply.add(chunk)
-                if text:
+            if request.stream:
+                reply = _Reply()
+                async for text in self._streamed(litellm, arguments, reply):
                     yield text
-                if reply.complete:
-                    break  # iterating on would only make litellm rebuild the response again
+            else:
+                reply = _whole(await litellm.acompletion(**arguments, stream=False))
+                if reply.text:
+                    yield "".join(reply.text)
         except (openai.OpenAIError, httpx.HTTPError) as exc:
             raise _model_error(request.model, exc, self.timeout) from exc
-        finally:
-            close = getattr(response, "close", None)
-            if callable(close):
-                close()
         if reply.finish_reason is None and not reply.text and not reply.calls:
             raise ModelError(
                 request.model, "empty response stream", retryable=True, cause="empty response"
@@ -313,6 +339,51 @@ class LitellmModel:
         message = reply.message()
         finish = reply.finish_reason or ("tool_calls" if message.tool_calls else "stop")
         yield ModelReply(message=message, usage=reply.to_usage(request.model), finish_reason=finish)
+
+    @staticmethod
+    async def _streamed(
+        litellm: ModuleType, arguments: dict[str, Any], reply: _Reply
+    ) -> AsyncIterator[str]:
+        response: Any = None
+        try:
+            response = await litellm.acompletion(
+                **arguments, stream=True, stream_options={"include_usage": True}
+            )
+            async for chunk in response:
+                text = reply.add(chunk)
+                if text:
+                    yield text
+                if reply.complete:
+                    break  # iterating on would only make litellm rebuild the response again
+        finally:
+            close = getattr(response, "aclose", None)
+            if callable(close):
+                await close()
+
+
+def _whole(response: Any) -> _Reply:
+    """A reply asked for in one piece, as if it had been streamed."""
+    reply = _Reply()
+    usage = getattr(response, "usage", None)
+    if usage is not None:
+        reply.usage = usage
+        reply.cost = _cost_of(response, usage)
+    if response.choices:
+        choice = response.choices[0]
+        reply.finish_reason = choice.finish_reason
+        message = choice.message
+        if content := getattr(message, "content", None):
+            reply.text.append(str(content))
+        for call in getattr(message, "tool_calls", None) or ():
+            function = getattr(call, "function", None)
+            reply.calls.append(
+                _PartialCall(
+                    id=getattr(call, "id", None) or "",
+                    name=getattr(function, "name", None) or "",
+                    arguments=[getattr(function, "arguments", None) or ""],
+                )
+            )
+    return reply
 
 
 # --- litellm's exceptions → ModelError ----------------------------------------------------------
@@ -361,6 +432,7 @@ def _chain(exc: BaseException) -> list[BaseException]:
 
 def _cause(exc: BaseException, status: int | None, timeout: float) -> str:
     """What went wrong in a few words: ``429 rate limited``, ``connection reset``…"""
+    import aiohttp
     import httpx
     import openai
 
@@ -376,6 +448,11 @@ def _cause(exc: BaseException, status: int | None, timeout: float) -> str:
         (ConnectionResetError, "connection reset"),
         (ConnectionRefusedError, "connection refused"),
         (httpx.RemoteProtocolError, ""),
+        # litellm's async calls run on aiohttp, under httpx's names. A reply cut short shows
+        # as an incomplete payload there, whether the peer closed or reset the connection.
+        (aiohttp.ClientPayloadError, "connection closed mid-reply"),
+        (aiohttp.ServerDisconnectedError, "connection closed without a response"),
+        (aiohttp.ClientConnectorError, "cannot connect"),
         (httpx.ConnectError, "cannot connect"),
     ]
     for kind, words in checks:

@@ -14,9 +14,11 @@ Why these settings:
   on specialists: a separate worker pool for them means waiting can never deadlock the pool the
   specialists run on).
 
-Pool: spawns spend almost all their time waiting on the model, so workers use the **threads**
-pool with a high concurrency (``-c``, default 256): one process holds hundreds of spawns in
-flight. A pool of one process per spawn (prefork) would not.
+Pool: a spawn's work runs as a coroutine on the worker process's event loop
+(:mod:`workers.engine`); the task only hands it over and waits on a future. Workers therefore
+use the **threads** pool with a high concurrency (``-c``, default 1024): a waiting task thread
+holds no GIL and little memory, and Celery keeps acknowledging, routing and reporting every spawn
+(Flower sees each one). A pool of one process per spawn (prefork) would hold far fewer.
 
 This app only knows how to send and route tasks; a worker process also needs the runtime its
 spawn task runs on, which :func:`coordinator.worker.worker_app` adds (every entry point uses it).
@@ -99,7 +101,7 @@ def make_celery(settings: Settings) -> Celery:
         worker_send_task_events=True,
         broker_connection_retry_on_startup=True,
         worker_pool="threads",
-        worker_concurrency=256,
+        worker_concurrency=1024,
     )
     app.task(name=SPAWN_TASK, bind=True)(_run_spawn)
     app.task(name=PING_TASK)(_ping)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import redis
@@ -19,12 +19,13 @@ from registry.defaults import build_registry
 from registry.errors import NotFoundError, UserError, WorkerDraining
 from registry.settings import Settings
 from registry.template import check_context
+from workers import tracing
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, SPAWN_TASK, make_celery
 from workers.consumers import NoConsumer, live_consumers
 from workers.events import EventBus
 from workers.messages import Event, TaskNotification
 from workers.reload import broadcast_reload
-from workers.spawns import SpawnRecord, SpawnStore
+from workers.spawns import UNHELD_STATUSES, SpawnRecord, SpawnStore
 
 __all__ = [
     "STRANDED_CHECK_EVERY",
@@ -37,9 +38,6 @@ __all__ = [
 
 
 _apps: dict[str, Celery] = {}
-#: Statuses of a spawn that waits for a worker (``running`` only once its lease is gone).
-_UNHELD = ("queued", "running")
-_FAIL_TRIES = 8
 #: Seconds a watched spawn may wait on a queue with no live consumer before it is failed: long
 #: enough for the only worker of a queue to restart in place (a warm shutdown withdraws its
 #: queues at once; the new process needs a few seconds to be ready), short enough not to leave
@@ -47,6 +45,12 @@ _FAIL_TRIES = 8
 STRANDED_GRACE = 15.0
 #: Seconds between two looks at the spawns a :class:`StrandedWatch` follows.
 STRANDED_CHECK_EVERY = 2.0
+#: How :meth:`SpawnClient.wait` reads the record after the event that announced its end: the
+#: write follows the event by a round trip or two, so the first looks come quickly; after
+#: ``_WRITE_WAIT`` seconds it goes back to following the stream (an attempt died in between).
+_WRITE_FIRST_DELAY, _WRITE_MAX_DELAY, _WRITE_WAIT = 0.001, 0.05, 1.0
+#: Event types after which the spawn's record is expected to show it finished or waiting.
+_ENDING_EVENTS = ("task_notification", "confirmation_required")
 
 
 def _app(settings: Settings) -> Celery:
@@ -128,6 +132,9 @@ class SpawnClient:
             queue=queue,
             reason=reason,
             spawn_id=spawn_id or uuid.uuid4().hex,
+            # The span current here (the API request, or the coordinator's tool call) is the
+            # parent of the spawn's: one trace from the request down to every child spawn.
+            trace=tracing.inject(),
         )
         self.store.create(record)
         enqueue(self.settings, record)
@@ -153,7 +160,9 @@ class SpawnClient:
         so a worker that claims the spawn at the same moment either wins or finds it finished.
         Returns the failed record; ``None`` when the spawn was left as it is.
         """
-        failed = self._fail_unheld(spawn_id)
+        failed = self.store.fail_unheld(
+            spawn_id, served=self.served, error=lambda record: str(NoConsumer(record.queue))
+        )
         if failed is None:
             return None
         note = TaskNotification(
@@ -171,30 +180,6 @@ class SpawnClient:
         """Whether a live worker consumes the spawn's queue (a record without one: assume so)."""
         return not record.queue or bool(self.consumers(record.queue)[record.queue])
 
-    def _fail_unheld(self, spawn_id: str) -> SpawnRecord | None:
-        key, lease = self.store._key(spawn_id), self.store.lease_key(spawn_id)
-        with self.redis.pipeline() as pipe:
-            for _ in range(_FAIL_TRIES):
-                try:
-                    pipe.watch(key, lease)
-                    raw: Any = pipe.get(key)  # watched: the pipeline answers at once
-                    if not raw or pipe.exists(lease):
-                        return None
-                    record = SpawnRecord.model_validate_json(raw)
-                    if record.status not in _UNHELD or self.served(record):
-                        return None
-                    record.status = "failed"
-                    record.error = str(NoConsumer(record.queue))
-                    record.updated = time.time()
-                    pipe.multi()
-                    pipe.set(key, record.model_dump_json(), keepttl=True)
-                    pipe.srem(self.store.active_key, spawn_id)
-                    pipe.execute()
-                    return record
-                except redis.WatchError:
-                    continue  # claimed, decided or cancelled meanwhile: look again
-        return None
-
     def wait(
         self,
         spawn_id: str,
@@ -211,24 +196,28 @@ class SpawnClient:
         ``stranded``: watch the spawn as :class:`StrandedWatch` does, so one left on a queue no
         worker consumes any more is failed (naming the queue) instead of waited on to the end.
 
-        The ``task_notification`` event is published just before the final record is written
-        (a crash in between then repeats the notification, de-duplicated, instead of losing it),
-        so a reader that saw the event waits here for the record rather than reading it once.
+        Follows the session's event stream rather than polling the record: the record is read
+        again when the spawn's ``task_notification`` or ``confirmation_required`` arrives. That
+        event is published just before the final record is written (a crash in between then
+        repeats the notification, de-duplicated, instead of losing it), so the record is then
+        read again for a moment until it shows the end. Every ``STRANDED_CHECK_EVERY`` seconds
+        the record is read anyway, so an event that never comes cannot make this hang.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         stop = stop if stop is not None else threading.Event()
         watch = StrandedWatch(self, [spawn_id]) if stranded else None
+        record = self._record(spawn_id)
+        if _settled(record):
+            return record
+        # The stream position is taken before the record read that decides to wait: whatever
+        # is published after that read is then at a higher seq, and the subscription sees it.
+        after = self.bus.last_seq(record.session_id)
+        record = self._record(spawn_id)
+        ended = self.bus.last_event_of(record.session_id, f"spawn:{spawn_id}")
+        if not _settled(record) and ended is not None and _ends_wait(spawn_id)(ended):
+            record = self._record_once_written(spawn_id, stop)  # notified before we looked
         next_check = time.monotonic() + STRANDED_CHECK_EVERY
-        delay = 0.05
-        while True:
-            if watch is not None and time.monotonic() >= next_check:
-                watch.check()  # a stranded spawn is failed here and returned just below
-                next_check = time.monotonic() + STRANDED_CHECK_EVERY
-            record = self.store.get(spawn_id)
-            if record is None:
-                raise NotFoundError("spawn", spawn_id)
-            if record.finished or record.status == "waiting":
-                return record
+        while not _settled(record):
             if stop.is_set():
                 raise WorkerDraining(
                     f"stopped waiting for spawn {spawn_id} ({record.status}): this worker is "
@@ -236,8 +225,43 @@ class SpawnClient:
                 )
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"spawn {spawn_id} still {record.status} after {timeout}s")
-            stop.wait(delay)
-            delay = min(delay * 1.5, 0.5)
+            if watch is not None and time.monotonic() >= next_check:
+                watch.check()  # a stranded spawn is failed here and read just below
+                next_check = time.monotonic() + STRANDED_CHECK_EVERY
+            until = min(next_check, deadline if deadline is not None else next_check)
+            after, notified = self._follow(record.session_id, spawn_id, after, stop, until)
+            if notified:
+                record = self._record_once_written(spawn_id, stop)
+            else:
+                record = self._record(spawn_id)
+        return record
+
+    def _record(self, spawn_id: str) -> SpawnRecord:
+        record = self.store.get(spawn_id)
+        if record is None:
+            raise NotFoundError("spawn", spawn_id)
+        return record
+
+    def _follow(
+        self, session_id: str, spawn_id: str, after: int, stop: threading.Event, until: float
+    ) -> tuple[int, bool]:
+        """Follow the session from ``after`` until the spawn's end is announced, ``stop`` is set
+        or the clock reaches ``until``; returns the last ``seq`` seen and whether it ended."""
+        ends = _ends_wait(spawn_id)
+        notified = False
+        for event in self.bus.subscribe(session_id, after, stop=_Until(stop, until), until=ends):
+            after, notified = event.seq, ends(event)
+        return after, notified
+
+    def _record_once_written(self, spawn_id: str, stop: threading.Event) -> SpawnRecord:
+        """The record, read again for a moment until it shows what the event announced."""
+        delay, waited = _WRITE_FIRST_DELAY, 0.0
+        record = self._record(spawn_id)
+        while not _settled(record) and waited < _WRITE_WAIT and not stop.wait(delay):
+            waited += delay
+            delay = min(delay * 2, _WRITE_MAX_DELAY)
+            record = self._record(spawn_id)
+        return record
 
     def events(self, session_id: str, after_seq: int = 0, **kwargs: Any) -> Iterator[Event]:
         return self.bus.subscribe(session_id, after_seq, **kwargs)
@@ -269,6 +293,25 @@ class SpawnClient:
         if settled:
             enqueue(self.settings, record)
         return record
+
+
+def _settled(record: SpawnRecord) -> bool:
+    """Whether :meth:`SpawnClient.wait` is done with the spawn."""
+    return record.finished or record.status == "waiting"
+
+
+def _ends_wait(spawn_id: str) -> Callable[[Event], bool]:
+    return lambda event: event.spawn_id == spawn_id and event.type in _ENDING_EVENTS
+
+
+class _Until:
+    """A stop flag for one stretch of following: the caller's ``stop``, or a point in time."""
+
+    def __init__(self, stop: threading.Event, until: float) -> None:
+        self.stop, self.until = stop, until
+
+    def is_set(self) -> bool:
+        return self.stop.is_set() or time.monotonic() >= self.until
 
 
 class StrandedWatch:
@@ -314,7 +357,7 @@ class StrandedWatch:
         return failed
 
     def _unserved(self, record: SpawnRecord) -> bool:
-        if record.status not in _UNHELD or self.client.store.leased(record.spawn_id):
+        if record.status not in UNHELD_STATUSES or self.client.store.leased(record.spawn_id):
             return False
         return not self.client.served(record)
 

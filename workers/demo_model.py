@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from workers.messages import Message, ToolCall, Usage
 from workers.model import ModelReply, ModelRequest
@@ -109,7 +109,11 @@ def _call(name: str, args: dict[str, object], turn: int) -> ModelReply:
 
 
 class DemoModel:
-    def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
+        for item in self._answer(request):
+            yield item
+
+    def _answer(self, request: ModelRequest) -> Iterator[str | ModelReply]:
         offered = {t.name for t in request.tools}
         turn = sum(1 for m in request.messages if m.role == "assistant")
         results = [m for m in request.messages if m.role == "tool"]

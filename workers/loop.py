@@ -12,12 +12,21 @@ with a restored state resumes where the last checkpoint left off:
   (unless its tool is ``idempotent``: then it runs again with the same call id);
 - events carry a spawn-local index saved with the state, so the sink can drop the events a
   resumed attempt emits a second time.
+
+The loop is a coroutine: every spawn of a worker process runs on one event loop
+(:mod:`workers.engine`). Tools are blocking functions and run through ``LoopSetup.run_tool`` (in
+a worker: its bounded thread pool, with a span and a metric per call). The calls a model asks
+for in one turn run concurrently when each of them only reads (tool class ``read``, no
+confirmation, not started before): their write-ahead marks are one checkpoint, their results are
+reported in the order the model gave. Any other mix runs in order, one call at a time, as a
+write may depend on what came before it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -25,7 +34,7 @@ from pydantic import BaseModel, Field
 
 from registry.errors import RunError, ToolArgumentError
 from registry.policy import Confirmation, ToolBag
-from registry.tools import ToolContext
+from registry.tools import BaseTool, ToolClass, ToolContext, ToolResult
 from workers.messages import (
     ConfirmationRequired,
     Event,
@@ -72,6 +81,15 @@ class Outcome:
     call: ToolCall | None = None
 
 
+#: Runs one tool call off the event loop: ``await run_tool(tool, arguments, context)``.
+RunTool = Callable[[BaseTool, BaseModel, ToolContext], Awaitable[ToolResult]]
+
+
+async def run_in_thread(tool: BaseTool, arguments: BaseModel, context: ToolContext) -> ToolResult:
+    """The default :data:`RunTool`: the tool in a thread of asyncio's default pool."""
+    return await asyncio.to_thread(tool.run, arguments, context)
+
+
 @dataclass(frozen=True)
 class LoopSetup:
     """The fixed inputs of one spawn's loop."""
@@ -83,11 +101,18 @@ class LoopSetup:
     reminder: str
     bag: ToolBag
     tool_context: ToolContext
+    run_tool: RunTool = run_in_thread
+    """How a tool call runs; a worker passes its own (bounded pool, span, metric)."""
+    stream: Callable[[], Awaitable[bool]] | None = None
+    """Asked before each model call whether to stream its text (someone watches the session);
+    ``None``: always stream."""
 
 
-#: (event, spawn-local index) → None. The index lets the sink drop replays after a resume.
+#: (event, spawn-local index) → None, without blocking. The index lets the sink drop replays
+#: after a resume.
 EventSink = Callable[[Event, int], None]
-Checkpoint = Callable[[LoopState], None]
+#: Persists the state; an event emitted before it must be published once it returns.
+Checkpoint = Callable[[LoopState], Awaitable[None]]
 
 
 def system_reminder_message(reminder: str) -> Message:
@@ -129,19 +154,21 @@ class _Run:
         self._sink(event, self.state.event_index)
         self.state.event_index += 1
 
-    def checkpoint(self) -> None:
-        self._save(self.state)
+    async def checkpoint(self) -> None:
+        await self._save(self.state)
 
     # -- one model call ---------------------------------------------------------------------
 
-    def think(self, model: Model) -> None:
+    async def think(self, model: Model) -> None:
+        stream = True if self.setup.stream is None else await self.setup.stream()
         request = ModelRequest(
             model=self.setup.model_id,
             messages=[*self.state.messages, system_reminder_message(self.setup.reminder)],
             tools=_tool_specs(self.setup.bag),
+            stream=stream,
         )
         reply: ModelReply | None = None
-        for item in model.stream(request):
+        async for item in model.stream(request):
             if isinstance(item, ModelReply):
                 reply = item
             elif item:
@@ -159,15 +186,19 @@ class _Run:
         state.pending = list(calls)
         if not calls:
             state.final = reply.message.content
-        self.checkpoint()
+        await self.checkpoint()
 
     # -- tool calls ---------------------------------------------------------------------------
 
-    def act(self) -> Outcome | None:
-        """Run the pending calls in order; stop at one that waits for a person."""
+    async def act(self) -> Outcome | None:
+        """Run the pending calls; stop at one that waits for a person."""
         while self.state.pending:
+            batch = self._concurrent_reads()
+            if len(batch) > 1:
+                await self._run_together(batch)
+                continue
             call = self.state.pending[0]
-            blocked = self._needs_decision(call)
+            blocked = await self._needs_decision(call)
             if blocked is not None:
                 return blocked
             if call.id in self.state.started and not self._idempotent(call):
@@ -179,24 +210,58 @@ class _Run:
             else:
                 if call.id not in self.state.started:
                     self.state.started.append(call.id)
-                    self.checkpoint()  # write-ahead: never run a call twice
-                content, is_error = self._execute(call)
-            self.emit(
-                ToolResultEvent, call_id=call.id, name=call.name, content=content, is_error=is_error
-            )
-            self.state.messages.append(
-                Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
-            )
-            self.state.pending.pop(0)
-            self.checkpoint()
+                    await self.checkpoint()  # write-ahead: never run a call twice
+                content, is_error = await self._execute(call)
+            self._observe(call, content, is_error)
+            await self.checkpoint()
         return None
+
+    def _observe(self, call: ToolCall, content: str, is_error: bool) -> None:
+        """Report the result of the first pending call, which is ``call``."""
+        self.emit(
+            ToolResultEvent, call_id=call.id, name=call.name, content=content, is_error=is_error
+        )
+        self.state.messages.append(
+            Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
+        )
+        self.state.pending.pop(0)
+
+    def _concurrent_reads(self) -> list[ToolCall]:
+        """The pending calls from the first on that may run at the same time: tools of class
+        ``read`` that need nobody's confirmation and were not started by an earlier attempt."""
+        batch = []
+        for call in self.state.pending:
+            entry = self.setup.bag.entry(call.name)
+            if (
+                entry is None
+                or entry.tool.tool_class is not ToolClass.READ
+                or entry.confirmation is not Confirmation.NONE
+                or call.id in self.state.started
+            ):
+                break
+            batch.append(call)
+        return batch
+
+    async def _run_together(self, batch: list[ToolCall]) -> None:
+        self.state.started.extend(call.id for call in batch)
+        await self.checkpoint()  # one write-ahead mark for the whole batch
+        outcomes = await asyncio.gather(
+            *(self._execute(call) for call in batch), return_exceptions=True
+        )
+        for outcome in outcomes:  # the run stops (RunError) once every call of it has ended
+            if isinstance(outcome, BaseException):
+                raise outcome
+        for call, outcome in zip(batch, outcomes, strict=True):
+            content, is_error = outcome  # type: ignore[misc]
+            self._observe(call, content, is_error)
+        await self.checkpoint()
 
     def _idempotent(self, call: ToolCall) -> bool:
         """Tools that make a repeat harmless (same call id, same effect) are simply run again."""
         entry = self.setup.bag.entry(call.name)
         return entry is not None and entry.tool.idempotent
 
-    def _needs_decision(self, call: ToolCall) -> Outcome | None:
+    async def _needs_decision(self, call: ToolCall) -> Outcome | None:
         entry = self.setup.bag.entry(call.name)
         if entry is None or entry.confirmation is Confirmation.NONE:
             return None
@@ -214,12 +279,12 @@ class _Run:
                 arguments=call.arguments,
                 confirmation=entry.confirmation.value,
             )
-            self.checkpoint()
+            await self.checkpoint()
         return Outcome(
             "interrupted", f"{call.name} needs confirmation ({entry.confirmation})", call
         )
 
-    def _execute(self, call: ToolCall) -> tuple[str, bool]:
+    async def _execute(self, call: ToolCall) -> tuple[str, bool]:
         entry = self.setup.bag.entry(call.name)
         if entry is None:
             names = ", ".join(self.setup.bag.names()) or "none"
@@ -236,7 +301,7 @@ class _Run:
         try:
             args = entry.tool.validate_arguments(raw)
             context = replace(self.setup.tool_context, call_id=call.id)
-            result = entry.tool.run(args, context)
+            result = await self.setup.run_tool(entry.tool, args, context)
         except ToolArgumentError as exc:
             return str(exc), True
         except RunError:
@@ -246,7 +311,7 @@ class _Run:
         return result.content, result.is_error
 
 
-def run_loop(
+async def run_loop(
     setup: LoopSetup,
     state: LoopState,
     model: Model,
@@ -256,7 +321,7 @@ def run_loop(
     """Run (or resume) the loop until a final answer, a failure, or a call awaiting a person."""
     run = _Run(setup, state, sink, checkpoint)
     while True:
-        waiting = run.act()
+        waiting = await run.act()
         if waiting is not None:
             return waiting
         if state.final is not None:
@@ -267,4 +332,4 @@ def run_loop(
                 f"ran out of turns: max_turns={setup.max_turns} model calls ended without a "
                 "final answer",
             )
-        run.think(model)
+        await run.think(model)

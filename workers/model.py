@@ -2,19 +2,22 @@
 failed model call is tried again.
 
 The loop calls :meth:`Model.stream` with a :class:`ModelRequest` (the project's own messages and
-:class:`ToolSpec` tool descriptions) and gets text deltas (``str``) followed by one
-:class:`ModelReply`. Adapters translate these to and from a provider's types:
+:class:`ToolSpec` tool descriptions) and iterates, asynchronously, over text deltas (``str``)
+followed by one :class:`ModelReply`: every spawn of a worker process runs as a coroutine on the
+process's event loop (:mod:`workers.engine`), so a model call waits without holding a thread.
+Adapters translate these to and from a provider's types:
 :mod:`workers._litellm` for every real model, :mod:`workers.demo_model` for the offline demo.
 :class:`RetryingModel` wraps any of them to retry the calls that failed for a passing reason.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,6 +61,10 @@ class ModelRequest:
     model: str
     messages: list[Message]
     tools: list[ToolSpec] = field(default_factory=list)
+    stream: bool = True
+    """Whether text is wanted as it is generated. ``False`` (nobody is watching the session):
+    the adapter may ask for the whole reply at once, which costs far less CPU per call, and
+    yields its text as one delta."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ class RetryAbandoned(ModelError):
 
 
 class Model(Protocol):
-    def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
+    def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
         """Yield text deltas as they arrive, then exactly one :class:`ModelReply`."""
         ...
 
@@ -165,7 +172,8 @@ class RetryingModel:
     back, and a second attempt would stream its own, different text after it. A call that
     fails after streaming, or on a non-retryable error, or past ``policy.retries`` retries,
     raises a :class:`ModelError` that lists every attempt. ``stop``, when set, ends a wait at
-    once with :class:`RetryAbandoned`.
+    once with :class:`RetryAbandoned`; ``pause(stop, seconds)`` is how a wait is made (True:
+    stopped), replaceable so tests need not sleep.
     """
 
     def __init__(
@@ -175,20 +183,22 @@ class RetryingModel:
         *,
         stop: threading.Event | None = None,
         rng: random.Random | None = None,
+        pause: Callable[[threading.Event, float], Awaitable[bool]] | None = None,
     ) -> None:
         self.inner, self.policy = inner, policy
         self._stop = stop if stop is not None else threading.Event()
         self._rng = rng or random.Random()
+        self._pause = pause or stopped_within
 
-    def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
         failures: list[ModelError] = []
         started = time.monotonic()
         while True:
             streamed = False
-            attempt: Iterator[str | ModelReply] | None = None
+            attempt: AsyncIterator[str | ModelReply] | None = None
             try:
                 attempt = self.inner.stream(request)
-                for item in attempt:
+                async for item in attempt:
                     streamed = streamed or (isinstance(item, str) and item != "")
                     yield item
                 return
@@ -201,11 +211,11 @@ class RetryingModel:
                         raise
                     raise error from exc
             finally:
-                close = getattr(attempt, "close", None)
+                close = getattr(attempt, "aclose", None)
                 if callable(close):
-                    close()
+                    await close()
             wait = self.policy.delay(len(failures), failures[-1].retry_after, self._rng)
-            if self._stop.wait(wait):
+            if await self._pause(self._stop, wait):
                 note = "; retry abandoned: stop requested"
                 error = self._failed(request.model, failures, started, note)
                 raise RetryAbandoned(
@@ -244,6 +254,22 @@ class RetryingModel:
             retryable=last.retryable,
             cause=last.cause,
         )
+
+
+#: How often a backoff looks at its stop flag (seconds). The flag is a :class:`threading.Event`,
+#: set from the signal handler of a worker that shuts down, which a coroutine cannot await.
+_STOP_POLL = 0.1
+
+
+async def stopped_within(stop: threading.Event, seconds: float) -> bool:
+    """Sleep ``seconds``; True as soon as ``stop`` is set (then the sleep is cut short)."""
+    deadline = time.monotonic() + seconds
+    while not stop.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        await asyncio.sleep(min(left, _STOP_POLL))
+    return True
 
 
 def resolve_model_id(

@@ -1,12 +1,20 @@
 """One worker process's runtime: registry, tools, models, event bus, spawn leases.
 
-``execute(spawn_id)`` is the body of the Celery spawn task. It claims the spawn: takes its lease
-(a Redis key with a short TTL that a heartbeat thread renews), so at most one worker runs a spawn
-at a time, and marks it ``running`` in the same transaction. When a worker dies, its leases
-expire; the reaper thread of any live worker sees a running spawn with no lease and enqueues it
-again, and the next attempt resumes from the last checkpoint. A spawn whose worker was lost
-``MAX_ATTEMPTS`` times is failed instead of being tried again (resuming after a person's decision
-is an attempt too, but not a lost one).
+Every spawn of the process runs as a coroutine on the process's :class:`~workers.engine.Engine`.
+``execute(spawn_id)``, the body of the Celery spawn task, hands the spawn to the engine and
+waits. The attempt claims the spawn: takes its lease (a Redis key with a short TTL), so at most
+one worker runs a spawn at a time, and marks it ``running`` in the same transaction. One
+:class:`~workers.leases.LeaseKeeper` thread renews every lease of the process in one Redis call
+per period (a thread, so renewals go on while the loop is busy); a lease found taken stops its
+spawn's coroutine at once. When a worker dies its leases expire, and the cluster's one elected
+:class:`~workers.reaper.Reaper` enqueues those spawns again; the next attempt resumes from the
+last checkpoint. A spawn whose worker was lost ``MAX_ATTEMPTS`` times is failed instead of being
+tried again (resuming after a person's decision is an attempt too, but not a lost one). An
+attempt that runs longer than ``spawn_time_limit_seconds`` is stopped and failed.
+
+Events go through one :class:`~workers.publisher.EventWriter` per process: text deltas are
+coalesced per spawn, everything is published in batches, and each checkpoint waits until what
+the spawn emitted before it is published.
 
 A worker asked to stop (:meth:`WorkerRuntime.drain`, connected to Celery's warm shutdown by
 :func:`connect_drain`) takes no new spawn and stops each of its own at the next checkpoint, or as
@@ -22,13 +30,21 @@ which the broker delivers again only after its visibility timeout.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import logging
+import os
+import socket
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import redis
+import redis.asyncio
+from pydantic import BaseModel
 
 from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
@@ -45,24 +61,32 @@ from registry.persona import Persona
 from registry.policy import ToolBag, resolve_bag
 from registry.settings import Settings
 from registry.template import Rendered, render
-from registry.tools import ToolCatalog, ToolContext
+from registry.tools import BaseTool, ToolCatalog, ToolContext, ToolResult
+from workers import metrics, tracing
 from workers.celery_app import DEFAULT_REDIS_URL
+from workers.client import enqueue
+from workers.engine import Engine
 from workers.events import EventBus
 from workers.hardening import ProviderCredentials
+from workers.leases import LeaseKeeper
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
-from workers.messages import AgentTile, Event, Message, TaskNotification, Usage
+from workers.messages import AgentTile, Message, TaskNotification, Usage
 from workers.model import (
     DEMO_MODEL,
     Model,
     ModelError,
+    ModelReply,
+    ModelRequest,
     RetryAbandoned,
     RetryingModel,
     RetryPolicy,
     resolve_model_id,
 )
+from workers.publisher import EventWriter, SpawnSink
+from workers.reaper import Reaper
 from workers.reload import RegistryFollower, cluster_version
 from workers.sandbox import Sandbox
-from workers.spawns import SpawnRecord, SpawnStore
+from workers.spawns import AsyncSpawnStore, SpawnRecord, SpawnStore
 from workers.tools import default_catalog
 
 __all__ = [
@@ -77,8 +101,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
-#: Heartbeat and reaper periods as fractions of the lease (``Settings.lease_seconds``): a lease
-#: survives four missed heartbeats; a dead worker's spawn is re-enqueued within 1.3 leases.
+#: Connections of the engine's Redis pool, and how long a command waits for one (seconds).
+ASYNC_CONNECTIONS = 64
+ASYNC_CONNECTION_WAIT = 30.0
+#: Renewal and reaper periods as fractions of the lease (``Settings.lease_seconds``): a lease
+#: survives four missed renewals; a dead worker's spawn is re-enqueued within 1.3 leases.
 HEARTBEAT_FRACTION = 0.2
 REAP_FRACTION = 0.3
 
@@ -153,16 +180,13 @@ def _ending(state: LoopState) -> bool:
     return approval is not None and not approval.approved_by and approval.denied_by is None
 
 
-@dataclass
-class _Held:
-    spawn_id: str
-    token: str
-
-
 class WorkerRuntime:
-    def __init__(self, settings: Settings, *, start_threads: bool = True) -> None:
+    """Everything a worker process runs spawns with; see the module docstring."""
+
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.redis = redis.Redis.from_url(settings.redis_url or DEFAULT_REDIS_URL)
+        url = settings.redis_url or DEFAULT_REDIS_URL
+        self.redis = redis.Redis.from_url(url)
         version = cluster_version(self.redis)  # before the disk is read: see RegistryFollower
         self.registry: AgentRegistry = build_registry(settings)
         self.catalog: ToolCatalog = default_catalog(settings.tool_modules)
@@ -174,21 +198,50 @@ class WorkerRuntime:
         self.store = SpawnStore(self.redis)
         self.follower = RegistryFollower(self.redis, self.registry, seen=version)
         self.lease_ms = int(settings.lease_seconds * 1000)
+        self.time_limit = float(settings.spawn_time_limit_seconds)
         self._special: dict[str, Callable[[Snapshot], Persona]] = {}
-        self._held: dict[str, str] = {}
-        self._held_lock = threading.Lock()
-        self._stop = threading.Event()
         #: Set once the worker shuts down: see :meth:`drain`.
         self.draining = threading.Event()
-        if start_threads:  # a worker process: be ready to run spawns before taking any
-            connect_drain(self)
-            _load_model_adapter()
-            why = self.sandbox.unavailable()
-            if why is not None:
-                log.warning("bash and host_bash are unavailable on this worker: %s", why)
-            self.follower.start()
-            threading.Thread(target=self._heartbeat, name="lease-heartbeat", daemon=True).start()
-            threading.Thread(target=self._reaper, name="spawn-reaper", daemon=True).start()
+        connect_drain(self)
+        _load_model_adapter()
+        why = self.sandbox.unavailable()
+        if why is not None:
+            log.warning("bash and host_bash are unavailable on this worker: %s", why)
+        self.engine = Engine(offload_threads=settings.tool_threads)
+        # One connection per concurrent command at most: a pool as large as the spawns held
+        # would open a thousand sockets for what a few dozen carry.
+        self.aredis = redis.asyncio.Redis(
+            connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
+                url, max_connections=ASYNC_CONNECTIONS, timeout=ASYNC_CONNECTION_WAIT
+            )
+        )
+        self.astore = AsyncSpawnStore(self.aredis)
+        self.writer = EventWriter(self.bus, self.aredis, on_published=metrics.event_published)
+        self.engine.run(self._start_writer())
+        #: The coroutine of each spawn this process holds, to stop one whose lease was lost.
+        self._tasks: dict[str, asyncio.Task[Any]] = {}
+        self._lost: set[str] = set()
+        self.leases = LeaseKeeper(
+            self.store,
+            self.lease_ms,
+            settings.lease_seconds * HEARTBEAT_FRACTION,
+            on_lost=self._on_lease_lost,
+        )
+        self.reaper = Reaper(
+            self.store,
+            self.redis,
+            worker_id=f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}",
+            lease_ms=self.lease_ms,
+            period_s=settings.lease_seconds * REAP_FRACTION,
+            requeue=lambda record: enqueue(self.settings, record),
+            on_resumed=lambda _spawn_id: metrics.reaper_resumed(),
+        )
+        self.follower.start()
+        self.leases.start()
+        self.reaper.start()
+
+    async def _start_writer(self) -> None:
+        self.writer.start()
 
     def _has_credentials(self, model_id: str) -> bool:
         from workers._litellm import has_credentials
@@ -208,47 +261,108 @@ class WorkerRuntime:
     # -- the spawn task ------------------------------------------------------------------------
 
     def execute(self, spawn_id: str) -> dict[str, Any]:
+        """The body of the Celery spawn task: run the spawn on the engine and wait for it.
+
+        The waiting thread blocks on a future, holding neither the GIL nor the loop."""
+        return self.engine.run(self.aexecute(spawn_id))
+
+    async def aexecute(self, spawn_id: str) -> dict[str, Any]:
         if self.draining.is_set():
-            return self._decline(spawn_id)
-        record, token = self.store.claim(spawn_id, self.lease_ms)
+            return await self._decline(spawn_id)
+        record, token = await self.astore.claim(spawn_id, self.lease_ms)
         if record is None:
             return {"spawn_id": spawn_id, "status": "missing"}
         if token is None:
             if record.finished:
                 return self._summary(record)
             return {"spawn_id": spawn_id, "status": "held-elsewhere"}
-        with self._held_lock:
-            self._held[spawn_id] = token
+        if record.attempts == 1:
+            metrics.spawn_claimed(record.queue, time.time() - record.created)
+        self.leases.hold(spawn_id, token)
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks[spawn_id] = task
+        persona = record.persona
+        metrics.spawn_started(persona)
+        status = "lease-lost"
+        parent = tracing.extract(record.trace)  # the request that made the spawn
         try:
-            return self._execute_held(record, token)
+            with tracing.agent_span(persona, context=parent, session_id=record.session_id):
+                summary = await self._within_time_limit(record, token)
+            status = str(summary.get("status", ""))
+            return summary
         except LeaseLost:
+            metrics.lease_lost()
             log.warning("spawn %s: lease lost; another attempt owns it", spawn_id)
             return {"spawn_id": spawn_id, "status": "lease-lost"}
+        except asyncio.CancelledError:
+            if spawn_id not in self._lost:
+                raise
+            # The lease keeper found the lease taken: stop at once, so nothing more of this
+            # attempt (a model call, a tool call) happens after another attempt took over.
+            metrics.lease_lost()
+            log.warning("spawn %s: lease lost; stopped this attempt", spawn_id)
+            return {"spawn_id": spawn_id, "status": "lease-lost"}
         finally:
-            with self._held_lock:
-                self._held.pop(spawn_id, None)
-            self.store.release(spawn_id, token)
+            metrics.spawn_ended(persona, status)
+            self._tasks.pop(spawn_id, None)
+            self._lost.discard(spawn_id)
+            self.leases.drop(spawn_id)
+            with contextlib.suppress(redis.RedisError):
+                await self.astore.release(spawn_id, token)
 
-    def _execute_held(self, record: SpawnRecord, token: str) -> dict[str, Any]:
+    async def _within_time_limit(self, record: SpawnRecord, token: str) -> dict[str, Any]:
+        """Run the attempt; one that outlives the spawn time limit is stopped and failed.
+
+        Celery's own time limit does not apply in the threads pool; this one does, and it ends
+        in the spawn's ``task_notification`` rather than in a killed process."""
+        limit = asyncio.timeout(self.time_limit)
+        try:
+            async with limit:
+                return await self._execute_held(record, token)
+        except TimeoutError:
+            if not limit.expired():
+                raise
+        saved = await self.astore.get(record.spawn_id)
+        return await self._finish(
+            saved or record,
+            token,
+            "failed",
+            f"stopped after the time limit of {self.time_limit:g} s (spawn_time_limit_seconds)",
+        )
+
+    def _on_lease_lost(self, spawn_id: str) -> None:
+        """From the lease keeper's thread: stop the spawn's coroutine on the loop."""
+
+        def stop() -> None:
+            task = self._tasks.get(spawn_id)
+            if task is not None and not task.done():
+                self._lost.add(spawn_id)
+                task.cancel()
+
+        self.engine.call_soon(stop)
+
+    async def _execute_held(self, record: SpawnRecord, token: str) -> dict[str, Any]:
         spawn_id = record.spawn_id
         if record.lost_attempts >= MAX_ATTEMPTS:
-            return self._finish(
+            return await self._finish(
                 record,
                 token,
                 "failed",
                 f"stopped after {MAX_ATTEMPTS} attempts: the worker running this spawn was lost "
                 "each time",
             )
-        if self.store.cancel_requested(spawn_id):  # e.g. cancelled while waiting for a person
-            return self._finish(record, token, "cancelled", "cancelled on request")
+        if await self.astore.cancel_requested(spawn_id):  # e.g. cancelled while waiting
+            return await self._finish(record, token, "cancelled", "cancelled on request")
+        sink = self.writer.sink(spawn_id)
         try:
-            persona, bag = self._prepare(record, token)
+            persona, bag = await self._prepare(record, token, sink)
         except (LeaseLost, redis.RedisError):
             raise  # infrastructure: leave the spawn to the next attempt
         except Exception as exc:  # noqa: BLE001 - a spawn that cannot start is failed, with why
             if not isinstance(exc, OngridError):
                 log.exception("spawn %s could not start", spawn_id)
-            return self._finish(record, token, "failed", str(exc))
+            return await self._finish(record, token, "failed", str(exc))
         setup = LoopSetup(
             session_id=record.session_id,
             spawn_id=spawn_id,
@@ -266,11 +380,15 @@ class WorkerRuntime:
                 context=record.context,
                 stopping=self.draining,
             ),
+            run_tool=self._run_tool,
+            stream=self._streaming(record.session_id),
         )
         assert record.state is not None
+        turns = _TurnClock(persona.name, record.state.turns)
 
-        def checkpoint(state: LoopState) -> None:
-            if self.store.cancel_requested(spawn_id):
+        async def checkpoint(state: LoopState) -> None:
+            await sink.flushed()  # the saved event index never gets ahead of what is published
+            if await self.astore.cancel_requested(spawn_id):
                 raise SpawnCancelled(spawn_id)
             draining = self.draining.is_set() and not _ending(state)
             if draining and _about_to_run(state):
@@ -278,39 +396,70 @@ class WorkerRuntime:
                 # then runs it, instead of reporting a call that never ran as "outcome unknown".
                 raise WorkerDraining(spawn_id)
             record.state = state
-            self.store.save(record, token)
+            await self.astore.save(record, token)
+            turns.tick(state.turns)
             if draining:
                 raise WorkerDraining(spawn_id)
 
+        model = _Measured(
+            RetryingModel(
+                model_for(record.model_id, self.credentials),
+                RetryPolicy.from_settings(self.settings),
+                stop=self.draining,  # a shutdown does not sit out a backoff
+            ),
+            persona.name,
+        )
         try:
-            outcome = run_loop(
-                setup,
-                record.state,
-                RetryingModel(
-                    model_for(record.model_id, self.credentials),
-                    RetryPolicy.from_settings(self.settings),
-                    stop=self.draining,  # a shutdown does not sit out a backoff
-                ),
-                self._sink(spawn_id),
-                checkpoint,
-            )
+            outcome = await run_loop(setup, record.state, model, sink.emit, checkpoint)
         except SpawnCancelled:
-            return self._finish(record, token, "cancelled", "cancelled on request")
+            return await self._finish(record, token, "cancelled", "cancelled on request")
         except (WorkerDraining, RetryAbandoned):
-            return self._hand_back(spawn_id, token)
+            return await self._hand_back(spawn_id, token)
         except ModelError as exc:
-            return self._finish(record, token, "failed", str(exc))
+            return await self._finish(record, token, "failed", str(exc))
         except (LeaseLost, redis.RedisError):
             raise  # infrastructure: leave the spawn to the next attempt
         except Exception as exc:  # noqa: BLE001 - report why, rather than dying silently
             log.exception("spawn %s crashed", spawn_id)
-            return self._finish(record, token, "failed", f"{type(exc).__name__}: {exc}")
-        return self._conclude(record, token, outcome)
+            return await self._finish(record, token, "failed", f"{type(exc).__name__}: {exc}")
+        return await self._conclude(record, token, outcome)
 
-    def _prepare(self, record: SpawnRecord, token: str) -> tuple[Persona, ToolBag]:
+    async def _run_tool(
+        self, tool: BaseTool, arguments: BaseModel, context: ToolContext
+    ) -> ToolResult:
+        """A tool call in the engine's bounded pool, with its span and its metric."""
+        with tracing.tool_span(tool.name, context.call_id):
+            try:
+                result = await self.engine.offload(tool.run, arguments, context)
+            except Exception:
+                metrics.tool_call(tool.name, "error")
+                raise
+        metrics.tool_call(tool.name, "error" if result.is_error else "ok")
+        return result
+
+    def _streaming(self, session_id: str) -> Callable[[], Awaitable[bool]]:
+        """Whether a model call streams its text: by ``stream_replies``; ``watched`` asks Redis
+        whether anyone follows the session live. A reply asked for in one piece costs a
+        fraction of the CPU of one streamed token by token; a reader that comes later reads
+        the same text from the session's stream, in one delta."""
+        mode = self.settings.stream_replies
+        channel = self.bus.keys(session_id).channel
+
+        async def decide() -> bool:
+            if mode != "watched":
+                return mode == "always"
+            counts = await self.aredis.pubsub_numsub(channel)
+            return bool(counts and int(counts[0][1]) > 0)
+
+        return decide
+
+    async def _prepare(
+        self, record: SpawnRecord, token: str, sink: SpawnSink
+    ) -> tuple[Persona, ToolBag]:
         """First attempt: pin the persona version and build the opening messages."""
         if not record.persona_markdown:
-            self.follower.catch_up()
+            # Reading a reload's files and the database is blocking work: off the loop.
+            await self.engine.offload(self.follower.catch_up)
             snapshot = self.registry.snapshot()
             special = self._special.get(record.persona)
             persona = special(snapshot) if special else snapshot.get(record.persona)
@@ -319,11 +468,14 @@ class WorkerRuntime:
                 raise PersonaUnavailable(f"agent {persona.name!r} is unavailable here: {reason}")
             record.persona_markdown = dump_persona(persona)
             record.persona_source = persona.source.value if persona.source else ""
-            record.model_id = resolve_model_id(
-                persona.model,
-                default_model=self.settings.default_model,
-                default_provider=self.settings.default_provider,
-                has_credentials=self._has_credentials,
+            record.model_id = await self.engine.offload(
+                functools.partial(
+                    resolve_model_id,
+                    persona.model,
+                    default_model=self.settings.default_model,
+                    default_provider=self.settings.default_provider,
+                    has_credentials=self._has_credentials,
+                )
             )
         persona = parse_persona(record.persona_markdown).persona
         role = self.settings.roles.get(record.role)
@@ -351,52 +503,53 @@ class WorkerRuntime:
                 background=persona.background,
                 missing_context=opening.missing,
             )
-            self._sink(record.spawn_id)(tile, 0)
+            sink.emit(tile, 0)
             record.state.event_index = 1
-        self.store.save(record, token)
+            await sink.flushed()
+        await self.astore.save(record, token)
         return persona, bag
 
-    def _hand_back(self, spawn_id: str, token: str) -> dict[str, Any]:
+    async def _hand_back(self, spawn_id: str, token: str) -> dict[str, Any]:
         """Put a spawn this draining worker holds back on its queue, as its last checkpoint left
         it (not as the loop's unsaved state), and give its lease back."""
-        from workers.client import enqueue
-
-        saved = self.store.get(spawn_id)
+        saved = await self.astore.get(spawn_id)
         if saved is None:
             raise LeaseLost(spawn_id)  # expired meanwhile: nothing left to hand back
         # "queued", not "running": the reaper leaves it to the message sent below, and the next
         # attempt does not count this one as lost.
         saved.status = "queued"
-        self.store.save(saved, token, release=True)
-        enqueue(self.settings, saved)
+        self.leases.drop(spawn_id)  # before the lease is given back: no renewal finds it gone
+        await self.astore.save(saved, token, release=True)
+        await self.engine.offload(enqueue, self.settings, saved)
         log.info("spawn %s handed back to %s: this worker is shutting down", spawn_id, saved.queue)
         return self._summary(saved)
 
-    def _decline(self, spawn_id: str) -> dict[str, Any]:
+    async def _decline(self, spawn_id: str) -> dict[str, Any]:
         """A spawn delivered to this worker while it shuts down: enqueued again, untouched."""
-        from workers.client import enqueue
-
-        record = self.store.get(spawn_id)
+        record = await self.astore.get(spawn_id)
         if record is None:
             return {"spawn_id": spawn_id, "status": "missing"}
         if record.finished:
             return self._summary(record)
-        enqueue(self.settings, record)
+        await self.engine.offload(enqueue, self.settings, record)
         return {"spawn_id": spawn_id, "status": "declined"}
 
-    def _conclude(self, record: SpawnRecord, token: str, outcome: Outcome) -> dict[str, Any]:
+    async def _conclude(self, record: SpawnRecord, token: str, outcome: Outcome) -> dict[str, Any]:
         if outcome.kind == "interrupted":
-            if self.store.cancel_requested(record.spawn_id):  # asked while this attempt ran
-                return self._finish(record, token, "cancelled", "cancelled on request")
+            if await self.astore.cancel_requested(record.spawn_id):  # asked while this ran
+                return await self._finish(record, token, "cancelled", "cancelled on request")
             record.status = "waiting"
             # Give the lease back in the same write: a decision taken the moment the spawn shows
             # as waiting enqueues it again, and that attempt must find the lease free.
-            self.store.save(record, token, release=True)
+            self.leases.drop(record.spawn_id)  # before the lease is given back
+            await self.astore.save(record, token, release=True)
             return self._summary(record)
         status = "ok" if outcome.kind == "final" else "failed"
-        return self._finish(record, token, status, outcome.text)
+        return await self._finish(record, token, status, outcome.text)
 
-    def _finish(self, record: SpawnRecord, token: str, status: str, text: str) -> dict[str, Any]:
+    async def _finish(
+        self, record: SpawnRecord, token: str, status: str, text: str
+    ) -> dict[str, Any]:
         record.status = status  # type: ignore[assignment]
         if status == "ok":
             record.result = text
@@ -412,17 +565,14 @@ class WorkerRuntime:
             message=text,
             usage=usage if usage is not None else Usage(),
         )
-        self._sink(record.spawn_id)(note, index)
+        sink = self.writer.sink(record.spawn_id)
+        sink.emit(note, index)
+        await sink.flushed()
         if record.state:
             record.state.event_index += 1
-        self.store.save(record, token, release=True)
+        self.leases.drop(record.spawn_id)  # before the lease is given back
+        await self.astore.save(record, token, release=True)
         return self._summary(record)
-
-    def _sink(self, spawn_id: str):
-        def emit(event: Event, index: int) -> None:
-            self.bus.publish(event, dedup_key=f"spawn:{spawn_id}", dedup_index=index)
-
-        return emit
 
     @staticmethod
     def _summary(record: SpawnRecord) -> dict[str, Any]:
@@ -435,43 +585,60 @@ class WorkerRuntime:
             "attempts": record.attempts,
         }
 
-    # -- background threads --------------------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        while not self._stop.wait(self.settings.lease_seconds * HEARTBEAT_FRACTION):
-            with self._held_lock:
-                held = list(self._held.items())
-            for spawn_id, token in held:
-                try:
-                    self.store.renew(spawn_id, token, self.lease_ms)
-                except redis.RedisError as exc:
-                    log.warning("lease renewal of %s failed: %s", spawn_id, exc)
-
-    def _reaper(self) -> None:
-        """Re-enqueue running spawns whose worker is gone (their lease expired)."""
-        from workers.client import enqueue
-
-        while not self._stop.wait(self.settings.lease_seconds * REAP_FRACTION):
-            try:
-                for spawn_id in self.store.active():
-                    record = self.store.get(spawn_id)
-                    if record is None or record.status != "running" or self.store.leased(spawn_id):
-                        continue
-                    claim = f"ongrid:requeue:{spawn_id}"
-                    if self.redis.set(claim, "1", nx=True, px=self.lease_ms):
-                        log.warning("spawn %s lost its worker; re-enqueuing", spawn_id)
-                        enqueue(self.settings, record)
-            except redis.RedisError as exc:
-                log.warning("reaper: %s", exc)
-
     def drain(self) -> None:
         """Stop taking spawns and stop those running at their next checkpoint (see the module
         docstring); safe to call from a signal handler, and more than once."""
         self.draining.set()
 
     def stop(self) -> None:
-        self._stop.set()
+        """After the pool has stopped: the background threads, the writer, then the loop."""
+        self.reaper.stop()
+        self.leases.stop()
         self.follower.stop()
+        if self.engine.running:
+            with contextlib.suppress(Exception):
+                self.engine.run(self._close())
+        self.engine.stop()
+
+    async def _close(self) -> None:
+        await self.writer.aclose()
+        await self.aredis.aclose()
+
+
+class _TurnClock:
+    """Times each turn of a spawn (model call and the tool calls after it) for its metric."""
+
+    def __init__(self, persona: str, turns: int) -> None:
+        self.persona, self.turns, self.since = persona, turns, time.monotonic()
+
+    def tick(self, turns: int) -> None:
+        if turns > self.turns:
+            now = time.monotonic()
+            metrics.turn_done(self.persona, now - self.since)
+            self.turns, self.since = turns, now
+
+
+class _Measured:
+    """A :class:`Model` whose calls are timed, counted and traced (GenAI conventions)."""
+
+    def __init__(self, inner: Model, persona: str) -> None:
+        self.inner, self.persona = inner, persona
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
+        started = time.monotonic()
+        with tracing.chat_span(request.model) as span:
+            try:
+                async for item in self.inner.stream(request):
+                    if isinstance(item, ModelReply):
+                        tracing.record_usage(span, item.usage)
+                        seconds = time.monotonic() - started
+                        metrics.model_call(request.model, self.persona, seconds, item.usage, None)
+                    yield item
+            except ModelError as exc:
+                metrics.model_call(
+                    request.model, self.persona, time.monotonic() - started, None, exc.cause
+                )
+                raise
 
 
 def connect_drain(runtime: WorkerRuntime) -> None:

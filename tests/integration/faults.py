@@ -13,9 +13,9 @@ waiting.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import threading
 import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,18 +47,18 @@ def _park_first_attempts(stall_dir: Path) -> None:
 
     prepare = WorkerRuntime._prepare
 
-    def parked(self: WorkerRuntime, record: Any, token: str) -> Any:
+    async def parked(self: WorkerRuntime, record: Any, token: str, sink: Any) -> Any:
         marker = stall_dir / record.spawn_id
         partial = stall_dir / f".{record.spawn_id}.{os.getpid()}"
         partial.write_text(str(os.getpid()), encoding="utf-8")
         try:
             os.link(partial, marker)  # atomic, and only one attempt ever wins
         except FileExistsError:
-            return prepare(self, record, token)
+            return await prepare(self, record, token, sink)
         finally:
             partial.unlink()
-        threading.Event().wait(STALL_SECONDS)  # the test kills this worker meanwhile
-        return prepare(self, record, token)
+        await asyncio.sleep(STALL_SECONDS)  # the test kills this worker meanwhile
+        return await prepare(self, record, token, sink)
 
     WorkerRuntime._prepare = parked  # type: ignore[method-assign]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -30,6 +32,7 @@ from workers._litellm import (
 from workers.hardening import ProviderCredentials
 from workers.messages import Message, ToolCall, Usage
 from workers.model import ModelError, ModelReply, ModelRequest, ToolSpec
+from workers.testing.aio import collect
 from workers.testing.fake_openai import FakeOpenAI
 
 litellm = load()
@@ -94,7 +97,7 @@ def ask(text: str) -> ModelRequest:
 
 
 def run(model: LitellmModel, req: ModelRequest) -> tuple[list[str], ModelReply]:
-    items = list(model.stream(req))
+    items = collect(model.stream(req))
     *deltas, reply = items
     assert isinstance(reply, ModelReply)
     assert all(isinstance(d, str) and d for d in deltas)
@@ -131,6 +134,26 @@ def test_tool_calls_are_reassembled(fake: FakeOpenAI) -> None:
     assert json.loads(first.arguments) == PROBE_ARGS
     assert (second.id, second.name) == ("call_0_1", "host_probe")
     assert json.loads(second.arguments) == {"section": "memory"}
+
+
+@pytest.mark.parametrize("prompt", ["please check the disk", "why is db-1 slow?"])
+def test_a_reply_asked_for_in_one_piece_is_the_streamed_reply(
+    fake: FakeOpenAI, prompt: str
+) -> None:
+    """Nobody watching: one request without streaming, the same reply, its text as one delta."""
+    _, streamed = run(LitellmModel(), ask(prompt))
+    whole = dataclasses.replace(ask(prompt), stream=False)
+    deltas, reply = run(LitellmModel(), whole)
+    assert deltas == ([streamed.message.content] if streamed.message.content else [])
+    assert reply.message.content == streamed.message.content
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in reply.message.tool_calls] == [
+        (c.id, c.name, json.loads(c.arguments)) for c in streamed.message.tool_calls
+    ]
+    assert reply.finish_reason == streamed.finish_reason
+    assert reply.usage.total_tokens == streamed.usage.total_tokens > 0
+    assert reply.usage.cost == pytest.approx(streamed.usage.cost) and reply.usage.cost > 0
+    first, second = fake.requests()[-2:]
+    assert first.get("stream") is True and not second.get("stream")
 
 
 def test_usage_and_cost(fake: FakeOpenAI) -> None:
@@ -230,9 +253,12 @@ def test_api_base_and_key_can_be_passed(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_abandoning_the_stream_closes_it(fake: FakeOpenAI) -> None:
-    stream = LitellmModel().stream(ask("why is db-1 slow?"))
-    assert isinstance(next(stream), str)
-    stream.close()  # the loop may stop consuming (a cancelled spawn); nothing must leak or raise
+    async def abandon() -> None:
+        stream = LitellmModel().stream(ask("why is db-1 slow?"))
+        assert isinstance(await anext(stream), str)
+        await stream.aclose()  # the loop may stop consuming (a cancelled spawn); nothing may leak
+
+    asyncio.run(abandon())
     _, reply = run(LitellmModel(), ask("why is db-1 slow?"))  # the next call works
     assert reply.message.content == ANSWER
 
@@ -329,7 +355,7 @@ def error_server() -> Iterator[ErrorServer]:
 
 def fail(model: LitellmModel, req: ModelRequest | None = None) -> ModelError:
     with pytest.raises(ModelError) as caught:
-        list(model.stream(req or ask("hi")))
+        collect(model.stream(req or ask("hi")))
     error = caught.value
     assert MODEL in str(error)
     return error
@@ -399,7 +425,7 @@ def test_timeout(monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer) -> 
 def test_an_unknown_provider_is_a_model_error(fake: FakeOpenAI) -> None:
     req = ModelRequest(model="zhipu/glm-4.7", messages=ask("hi").messages)
     with pytest.raises(ModelError, match="zhipu/glm-4.7") as caught:
-        list(LitellmModel(max_retries=0).stream(req))
+        collect(LitellmModel(max_retries=0).stream(req))
     assert not caught.value.retryable
     assert fake.requests() == []
 
@@ -460,7 +486,9 @@ GUARD = textwrap.dedent(
     with FakeOpenAI([{"reply": {"content": "offline answer"}}]) as fake:
         model = LitellmModel(api_base=fake.base_url, api_key="sk-test", max_retries=0)
         request = ModelRequest("openai/gpt-4o-mini", [Message(role="user", content="hi")])
-        reply = list(model.stream(request))[-1]
+        from workers.testing.aio import collect
+
+        reply = collect(model.stream(request))[-1]
     seen_before_probe = list(attempts)
     try:  # the guard itself works: a public address is caught
         socket.create_connection(("192.0.2.1", 80), timeout=1)
@@ -579,7 +607,12 @@ def test_importing_the_adapter_changes_nothing_until_load() -> None:
     assert report["unchanged_by_import"] is True
     assert report["litellm_at_import"] is False
     assert report["litellm_after_load"] is True and report["one_module"] is True
-    assert report["added"] == {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+    assert report["added"] == {
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_LOG": "ERROR",
+        "AIOHTTP_CONNECTOR_LIMIT": "0",
+        "AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "0",
+    }
     assert report["changed"] == []
     assert report["cost_entries"] > 100  # the map shipped with litellm was read
 

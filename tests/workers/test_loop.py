@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,12 +124,18 @@ class Run:
 
     def __call__(self, model: Model, state: LoopState | None = None) -> tuple[Outcome, LoopState]:
         state = state if state is not None else fresh_state()
-        outcome = run_loop(
-            self.setup(),
-            state,
-            model,
-            lambda event, index: self.events.append((event, index)),
-            lambda s: self.saved.append(s.model_copy(deep=True)),
+
+        async def save(saved: LoopState) -> None:
+            self.saved.append(saved.model_copy(deep=True))
+
+        outcome = asyncio.run(
+            run_loop(
+                self.setup(),
+                state,
+                model,
+                lambda event, index: self.events.append((event, index)),
+                save,
+            )
         )
         return outcome, state
 
@@ -417,15 +425,44 @@ def test_checkpoint_sequence(run: Run) -> None:
     a, b = "call_1_0", "call_1_1"
     assert [describe(s) for s in run.saved] == [
         (1, 3, [a, b], []),  # the model reply, both calls pending
-        (1, 3, [a, b], [a]),  # write-ahead: a is about to run
-        (1, 4, [b], [a]),  # a's result
-        (1, 4, [b], [a, b]),  # write-ahead: b
-        (1, 5, [], [a, b]),  # b's result
+        (1, 3, [a, b], [a, b]),  # write-ahead: both reads are about to run, together
+        (1, 5, [], [a, b]),  # both results, in the model's order
         (2, 6, [], [a, b]),  # the final reply
     ]
     assert run.saved[-1].final == "done"
     # Snapshots are independent copies: the live state moved on after each.
     assert run.saved[0].messages[-1].tool_calls[1].id == b
+
+
+def test_reads_of_one_turn_run_at_the_same_time(tools: Tools) -> None:
+    """Each of the two calls waits for the other to have started: run one after the other,
+    the first would wait in vain and fail."""
+    both_running = threading.Barrier(2, timeout=30)
+
+    @function_tool(ToolClass.READ)
+    def rendezvous(name: str) -> str:
+        """Meet the other call."""
+        both_running.wait()
+        return f"{name} met"
+
+    persona = Persona(name="tester", description="d", when_to_use="w", tools=[])
+    bag = resolve_bag(persona, ToolCatalog([rendezvous]), ["*"])
+    model = ScriptedModel(
+        [tool_calls(call("rendezvous", name="a"), call("rendezvous", name="b")), "ok"]
+    )
+    run = Run(bag)
+    outcome, state = run(model)
+    assert outcome.kind == "final"
+    assert [m.content for m in tool_messages(state)] == ["a met", "b met"]  # the model's order
+
+
+def test_a_read_after_a_call_that_needs_a_person_waits_its_turn(run: Run, tools: Tools) -> None:
+    model = ScriptedModel(
+        [tool_calls(call("restart_service", service="db"), call("read_metric", metric="a"))]
+    )
+    outcome, state = run(model)
+    assert outcome.kind == "interrupted" and tools.calls == []
+    assert [c.name for c in state.pending] == ["restart_service", "read_metric"]
 
 
 def test_resume_after_the_first_of_two_tools(tools: Tools) -> None:
@@ -436,8 +473,15 @@ def test_resume_after_the_first_of_two_tools(tools: Tools) -> None:
     ]
     first_run(ScriptedModel(script))
     assert tools.count("read_metric") == 2
-    # The checkpoint right after the first tool's result: the worker "died" there.
-    saved = first_run.saved[2]
+    # A state with the first call's result saved and the second not started (an earlier
+    # attempt that ran them in order died there).
+    saved = first_run.saved[0].model_copy(deep=True)
+    first, _ = saved.pending
+    saved.messages.append(
+        Message(role="tool", content="a=10", tool_call_id=first.id, name=first.name)
+    )
+    saved.pending.pop(0)
+    saved.started.append(first.id)
     assert describe(saved) == (1, 4, ["call_1_1"], ["call_1_0"])
 
     tools.calls.clear()
@@ -547,8 +591,8 @@ def test_calls_without_ids_each_run(run: Run, tools: Tools) -> None:
                 [tool_calls(call("read_metric", metric="a"), call("read_metric", metric="b")), "ok"]
             )
 
-        def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
-            for item in self.inner.stream(request):
+        async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
+            async for item in self.inner.stream(request):
                 if isinstance(item, ModelReply):
                     calls = [c.model_copy(update={"id": ""}) for c in item.message.tool_calls]
                     message = item.message.model_copy(update={"tool_calls": calls})

@@ -381,8 +381,9 @@ async def _drop(request: Request, fail: Failure) -> None:
     has seen it go, so that nothing is written after it."""
     # uvicorn's receive callable is a method of the connection's request cycle, which holds the
     # transport; the ASGI interface itself has no way to drop a connection.
-    transport = getattr(getattr(request.receive, "__self__", None), "transport", None)
-    if not isinstance(transport, asyncio.Transport):
+    # (uvloop's transports do not derive from asyncio.Transport, hence no isinstance.)
+    transport: Any = getattr(getattr(request.receive, "__self__", None), "transport", None)
+    if not callable(getattr(transport, "abort", None)):
         raise ScriptError("fake-openai: this server cannot drop connections (no transport)")
     if fail.drop == "reset":
         sock = transport.get_extra_info("socket")

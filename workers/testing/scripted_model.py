@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import json
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,11 +117,12 @@ class ScriptedModel:
                 f"{len(self.requests)} call(s): {left}"
             )
 
-    def stream(self, request: ModelRequest) -> Iterator[str | ModelReply]:
+    def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
         snapshot = ModelRequest(
             model=request.model,
             messages=[m.model_copy(deep=True) for m in request.messages],
             tools=copy.deepcopy(request.tools),
+            stream=request.stream,
         )
         self.requests.append(snapshot)
         number = len(self.requests)
@@ -133,7 +134,7 @@ class ScriptedModel:
         return self._reply(step, number)
 
     @staticmethod
-    def _reply(step: Step, number: int) -> Iterator[str | ModelReply]:
+    async def _reply(step: Step, number: int) -> AsyncIterator[str | ModelReply]:
         for delta in step.deltas:
             if delta:
                 yield delta
