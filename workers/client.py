@@ -38,6 +38,9 @@ __all__ = [
 
 
 _apps: dict[str, Celery] = {}
+#: Longest block of one read of the event stream in :meth:`SpawnClient.wait` (seconds): how
+#: soon a wait notices its ``stop``.
+_READ_SLICE = 0.5
 #: Seconds a watched spawn may wait on a queue with no live consumer before it is failed: long
 #: enough for the only worker of a queue to restart in place (a warm shutdown withdraws its
 #: queues at once; the new process needs a few seconds to be ready), short enough not to leave
@@ -248,10 +251,16 @@ class SpawnClient:
         """Follow the session from ``after`` until the spawn's end is announced, ``stop`` is set
         or the clock reaches ``until``; returns the last ``seq`` seen and whether it ended."""
         ends = _ends_wait(spawn_id)
-        notified = False
-        for event in self.bus.subscribe(session_id, after, stop=_Until(stop, until), until=ends):
-            after, notified = event.seq, ends(event)
-        return after, notified
+        while not stop.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            # Read, not subscribe: a wait is nobody watching the session (see read_blocking).
+            for event in self.bus.read_blocking(session_id, after, min(left, _READ_SLICE)):
+                after = event.seq
+                if ends(event):
+                    return after, True
+        return after, False
 
     def _record_once_written(self, spawn_id: str, stop: threading.Event) -> SpawnRecord:
         """The record, read again for a moment until it shows what the event announced."""
@@ -302,16 +311,6 @@ def _settled(record: SpawnRecord) -> bool:
 
 def _ends_wait(spawn_id: str) -> Callable[[Event], bool]:
     return lambda event: event.spawn_id == spawn_id and event.type in _ENDING_EVENTS
-
-
-class _Until:
-    """A stop flag for one stretch of following: the caller's ``stop``, or a point in time."""
-
-    def __init__(self, stop: threading.Event, until: float) -> None:
-        self.stop, self.until = stop, until
-
-    def is_set(self) -> bool:
-        return self.stop.is_set() or time.monotonic() >= self.until
 
 
 class StrandedWatch:

@@ -271,6 +271,19 @@ class EventBus:
         entries = self._client.xrange(self.keys(session_id).stream, *_after(after_seq), count=limit)
         return _decode_entries(entries)
 
+    def read_blocking(self, session_id: str, after_seq: int, block_seconds: float) -> list[Event]:
+        """Stored events with ``seq > after_seq``; when there is none yet, wait up to
+        ``block_seconds`` for the next ones (``XREAD BLOCK``).
+
+        For a reader that only needs to know when something happened, not to show it as it
+        streams: it is no subscriber of the live channel, so it does not count as someone
+        watching the session (a worker streams model replies only to sessions watched live).
+        """
+        stream = self.keys(session_id).stream
+        block = max(1, int(block_seconds * 1000))
+        reply: Any = self._client.xread({stream: f"{after_seq}-0"}, count=_CHUNK, block=block)
+        return [event for _name, entries in reply or () for event in _decode_entries(entries)]
+
     def subscribe(
         self,
         session_id: str,

@@ -73,17 +73,18 @@ def write(client: SpawnClient, record: SpawnRecord, status: str) -> None:
 
 
 def waiting_on(pool: ThreadPoolExecutor, client: SpawnClient, spawn_id: str, **kw: Any) -> Future:
-    """Start ``wait`` in a thread and return once it follows the session's channel."""
-    channel = client.bus.keys("s1").channel
-    before = subscribers(client, channel)
+    """Start ``wait`` in a thread and return once it blocks reading the session's stream."""
+    before = blocked_readers(client)
     started = pool.submit(client.wait, spawn_id, **kw)
-    eventually(lambda: subscribers(client, channel) > before or started.done(), "wait to listen")
+    eventually(lambda: blocked_readers(client) > before or started.done(), "wait to listen")
     return started
 
 
-def subscribers(client: SpawnClient, channel: str) -> int:
-    counts: Any = client.redis.pubsub_numsub(channel)
-    return int(counts[0][1])
+def blocked_readers(client: SpawnClient) -> int:
+    """Connections of this database blocked in XREAD (a wait following the event stream)."""
+    db = client.redis.connection_pool.connection_kwargs.get("db", 0)
+    clients: Any = client.redis.client_list()
+    return sum(1 for c in clients if c.get("cmd") == "xread" and int(c.get("db", -1)) == db)
 
 
 def eventually(condition: Callable[[], Any], what: str) -> None:
@@ -213,3 +214,15 @@ def test_a_stranded_spawn_is_failed_naming_its_queue(client: SpawnClient):
     assert "ongrid.nobody" in done.error
     (note,) = [e for e in client.bus.history("s1") if e.type == "task_notification"]
     assert note.spawn_id == record.spawn_id and note.status == "failed"
+
+
+def test_a_wait_does_not_count_as_someone_watching(client: SpawnClient, pool: ThreadPoolExecutor):
+    """Workers stream replies only to sessions someone follows live; a coordinator waiting on
+    its specialist only needs to know when it ends, and must not make it stream."""
+    record = running(client)
+    started = waiting_on(pool, client, record.spawn_id, timeout=LIVENESS)
+
+    counts: Any = client.redis.pubsub_numsub(client.bus.keys("s1").channel)
+    assert int(counts[0][1]) == 0
+    finish(client, record)
+    assert started.result(LIVENESS).status == "ok"
