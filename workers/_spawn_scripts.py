@@ -21,8 +21,11 @@ __all__ = [
 #: The Redis server's clock in milliseconds; every deadline is taken from it.
 _NOW_MS = "local t = redis.call('TIME')\nlocal now = t[1] * 1000 + math.floor(t[2] / 1000)\n"
 
-#: KEYS: record, lease, messages, lease deadlines, active set. ARGV: record JSON, token,
-#: retention (s), release (1/0), finished (1/0), spawn id, replace the list (1/0), messages.
+#: KEYS: record, lease, messages, lease deadlines, active set, cancel request. ARGV: record
+#: JSON, token, retention (s), release (1/0), finished (1/0), spawn id, replace the list (1/0),
+#: messages. Returns 0 (the lease is not the token's: nothing written), 1 (written) or 2
+#: (written, and a cancel of the spawn was requested: the checkpoint's look at it costs no
+#: round trip of its own).
 SAVE = """
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then
   return 0
@@ -43,6 +46,9 @@ if ARGV[4] == '1' or ARGV[5] == '1' then
 end
 if ARGV[5] == '1' then
   redis.call('SREM', KEYS[5], ARGV[6])
+end
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  return 2
 end
 return 1
 """

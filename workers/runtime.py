@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -221,6 +220,8 @@ class WorkerRuntime:
         #: The coroutine of each spawn this process holds, to stop one whose lease was lost.
         self._tasks: dict[str, asyncio.Task[Any]] = {}
         self._lost: set[str] = set()
+        #: Spawns whose lease this attempt's last write gave back (no release call needed).
+        self._given_back: set[str] = set()
         self.leases = LeaseKeeper(
             self.store,
             self.lease_ms,
@@ -308,8 +309,10 @@ class WorkerRuntime:
             self._tasks.pop(spawn_id, None)
             self._lost.discard(spawn_id)
             self.leases.drop(spawn_id)
-            with contextlib.suppress(redis.RedisError):
-                await self.astore.release(spawn_id, token)
+            if spawn_id not in self._given_back:  # the last write gave it back already
+                with contextlib.suppress(redis.RedisError):
+                    await self.astore.release(spawn_id, token)
+            self._given_back.discard(spawn_id)
 
     async def _within_time_limit(self, record: SpawnRecord, token: str) -> dict[str, Any]:
         """Run the attempt; one that outlives the spawn time limit is stopped and failed.
@@ -388,16 +391,16 @@ class WorkerRuntime:
 
         async def checkpoint(state: LoopState) -> None:
             await sink.flushed()  # the saved event index never gets ahead of what is published
-            if await self.astore.cancel_requested(spawn_id):
-                raise SpawnCancelled(spawn_id)
             draining = self.draining.is_set() and not _ending(state)
             if draining and _about_to_run(state):
                 # Stop before the call rather than after its write-ahead mark: the next attempt
                 # then runs it, instead of reporting a call that never ran as "outcome unknown".
                 raise WorkerDraining(spawn_id)
             record.state = state
-            await self.astore.save(record, token)
+            cancelled = await self.astore.save(record, token)  # and looks for a cancel
             turns.tick(state.turns)
+            if cancelled:
+                raise SpawnCancelled(spawn_id)
             if draining:
                 raise WorkerDraining(spawn_id)
 
@@ -458,8 +461,10 @@ class WorkerRuntime:
     ) -> tuple[Persona, ToolBag]:
         """First attempt: pin the persona version and build the opening messages."""
         if not record.persona_markdown:
-            # Reading a reload's files and the database is blocking work: off the loop.
-            await self.engine.offload(self.follower.catch_up)
+            version = int(await self.aredis.get(self.follower.version_key) or 0)
+            if version != self.follower.seen:  # a reload this process missed
+                # Reading the files and the database again is blocking work: off the loop.
+                await self.engine.offload(self.follower.catch_up)
             snapshot = self.registry.snapshot()
             special = self._special.get(record.persona)
             persona = special(snapshot) if special else snapshot.get(record.persona)
@@ -468,16 +473,14 @@ class WorkerRuntime:
                 raise PersonaUnavailable(f"agent {persona.name!r} is unavailable here: {reason}")
             record.persona_markdown = dump_persona(persona)
             record.persona_source = persona.source.value if persona.source else ""
-            record.model_id = await self.engine.offload(
-                functools.partial(
-                    resolve_model_id,
-                    persona.model,
-                    default_model=self.settings.default_model,
-                    default_provider=self.settings.default_provider,
-                    has_credentials=self._has_credentials,
-                )
+            record.model_id = resolve_model_id(
+                persona.model,
+                default_model=self.settings.default_model,
+                default_provider=self.settings.default_provider,
+                has_credentials=self._has_credentials,
             )
-        persona = parse_persona(record.persona_markdown).persona
+        else:  # a resumed attempt runs the version its first attempt pinned
+            persona = parse_persona(record.persona_markdown).persona
         role = self.settings.roles.get(record.role)
         if role is None:
             raise NotFoundError("role", record.role)
@@ -518,8 +521,7 @@ class WorkerRuntime:
         # "queued", not "running": the reaper leaves it to the message sent below, and the next
         # attempt does not count this one as lost.
         saved.status = "queued"
-        self.leases.drop(spawn_id)  # before the lease is given back: no renewal finds it gone
-        await self.astore.save(saved, token, release=True)
+        await self._give_back(saved, token)
         await self.engine.offload(enqueue, self.settings, saved)
         log.info("spawn %s handed back to %s: this worker is shutting down", spawn_id, saved.queue)
         return self._summary(saved)
@@ -541,8 +543,7 @@ class WorkerRuntime:
             record.status = "waiting"
             # Give the lease back in the same write: a decision taken the moment the spawn shows
             # as waiting enqueues it again, and that attempt must find the lease free.
-            self.leases.drop(record.spawn_id)  # before the lease is given back
-            await self.astore.save(record, token, release=True)
+            await self._give_back(record, token)
             return self._summary(record)
         status = "ok" if outcome.kind == "final" else "failed"
         return await self._finish(record, token, status, outcome.text)
@@ -570,9 +571,14 @@ class WorkerRuntime:
         await sink.flushed()
         if record.state:
             record.state.event_index += 1
-        self.leases.drop(record.spawn_id)  # before the lease is given back
-        await self.astore.save(record, token, release=True)
+        await self._give_back(record, token)
         return self._summary(record)
+
+    async def _give_back(self, record: SpawnRecord, token: str) -> None:
+        """The attempt's last write, which gives the lease back in the same step."""
+        self.leases.drop(record.spawn_id)  # first: no renewal may find the lease gone
+        await self.astore.save(record, token, release=True)
+        self._given_back.add(record.spawn_id)
 
     @staticmethod
     def _summary(record: SpawnRecord) -> dict[str, Any]:

@@ -214,6 +214,7 @@ class _Keys:
             self.messages_key(spawn_id),
             self.leases_key,
             self.active_key,
+            self.cancel_key(spawn_id),
         ]
         flags = [int(release), int(record.finished), spawn_id, int(replace)]
         return keys, [encode_record(record), token, self.retention, *flags, *new]
@@ -225,6 +226,10 @@ class _Keys:
         for spawn_id, token in held.items():
             args += [spawn_id, token]
         return keys, args
+
+
+#: What the save script answers when it wrote and a cancel of the spawn was requested.
+_CANCEL_REQUESTED = 2
 
 
 def _start_attempt(record: SpawnRecord) -> str:
@@ -272,15 +277,18 @@ class SpawnStore(_Keys):
         raw, items = pipe.execute()
         return attach_messages(decode_record(raw), items) if raw else None
 
-    def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> None:
+    def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> bool:
         """Write ``record`` if ``token`` still holds the lease; else :class:`LeaseLost`.
 
         ``release``: give the lease back in the same atomic step (an attempt's last write).
+        Returns whether a cancel of the spawn has been requested, looked at in the same step.
         """
         keys, args = self._save_call(record, token, release)
-        if not self._save(keys=keys, args=args):
+        written = int(self._save(keys=keys, args=args))
+        if not written:
             raise LeaseLost(record.spawn_id)
         _mark_saved(record)
+        return written == _CANCEL_REQUESTED
 
     def save_unfenced(self, record: SpawnRecord) -> None:
         """For writes by the caller side while no worker holds the spawn (decisions, cancel)."""
@@ -450,12 +458,14 @@ class AsyncSpawnStore(_Keys):
             raw, items = await pipe.execute()
         return attach_messages(decode_record(raw), items) if raw else None
 
-    async def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> None:
+    async def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> bool:
         """:meth:`SpawnStore.save`."""
         keys, args = self._save_call(record, token, release)
-        if not await self._save(keys=keys, args=args):
+        written = int(await self._save(keys=keys, args=args))
+        if not written:
             raise LeaseLost(record.spawn_id)
         _mark_saved(record)
+        return written == _CANCEL_REQUESTED
 
     async def claim(self, spawn_id: str, ttl_ms: int) -> tuple[SpawnRecord | None, str | None]:
         """:meth:`SpawnStore.claim`."""

@@ -310,3 +310,24 @@ def test_apublish_many_numbers_in_order_like_publish(bus: EventBus):
     ]
     assert bus.publish(delta("sync"), dedup_key="spawn:a", dedup_index=2).duplicate
     assert bus.publish(delta("sync"), dedup_key="spawn:a", dedup_index=3).seq == 4
+
+
+def test_by_default_text_leaves_at_the_next_round_and_merges_while_one_is_in_flight(
+    bus: EventBus,
+):
+    """An idle writer publishes a delta at once; the deltas that arrive while a round is in
+    flight leave together in the next one."""
+
+    async def body(writer: EventWriter) -> list[Event]:
+        sink = writer.sink("a")
+        sink.emit(delta("first"), 0)
+        await eventually(lambda: writer.batches == 1, "the first round to start")
+        # That round is on its way to Redis: what comes now waits for the next one.
+        for i, text in enumerate([" and", " the", " rest"], start=1):
+            sink.emit(delta(text), i)
+        await eventually(lambda: len(bus.history(SESSION)) == 2, "the second round")
+        return bus.history(SESSION)
+
+    events = run(bus, body)
+
+    assert [e.text for e in events if isinstance(e, TextDelta)] == ["first", " and the rest"]
