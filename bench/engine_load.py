@@ -1,0 +1,420 @@
+"""The floor's load through the real system: N chats submitted to the API, one worker process.
+
+    .venv/bin/python bench/engine_load.py [--n 200] [--turns 5] [--delay 5] [--chunks 40]
+                                          [--margin 64] [--floor PATH,PATH] [--redis-url URL]
+
+What a user's load costs on the runtime, beside what it costs on bare litellm (``bench/floor.py``,
+with ``--floor``, measured in the same run against the same server). It starts
+``bench/fast_fake.py``, ``ongrid api`` and one ``ongrid worker -c N+margin`` on the interactive
+queue, in a directory whose ``agents/`` holds one persona on ``openai/<model>`` that calls
+``get_edge_summary`` until its last turn; ``OPENAI_API_BASE`` points at the fake. The N chats go
+through ``POST /api/v1/chat`` with ``agent`` set (a direct spawn: no coordinator model), each
+stream closed once its headers name the spawn.
+
+Only the CLI, the HTTP API and the fake's counters are read, so the worker's internals may change
+freely: the fake says when every model turn has been answered (its ``/_stats``, polled), then each
+spawn's transcript (``GET /api/v1/spawns/{id}``) gives its status and final save time. Figures:
+time to submit all N; per-spawn efficiency = ideal (T × D) ÷ (final save − submission), median;
+worker CPU per model turn; worker RSS per spawn in flight ((peak − idle) ÷ N); repeats at the fake;
+spawns finished; the API's, the fake's and Redis's CPU beside the worker's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import _harness as h  # noqa: E402 - bench/ is not a package; its modules import each other by path
+import fast_fake  # noqa: E402
+import floor  # noqa: E402
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+
+PERSONA, WARM_PERSONA = "bench_load", "bench_warm"
+FINAL = {"ok", "failed", "cancelled"}
+SUBMITTERS = 32  # chats submitted at once; a browser-like client load, not a flood
+
+
+def _persona(name: str, model: str, directive: str, max_turns: int) -> str:
+    return f"""---
+name: {name}
+description: Load benchmark persona {name}.
+when_to_use: Only in bench/engine_load.py.
+tools: [{floor.TOOL}]
+permission_mode: read-only
+max_turns: {max_turns}
+model: {model}
+---
+
+# {name}
+Investigate briefly. {directive}
+"""
+
+
+def write_site(root: Path, model: str, turns: int, delay: float, chunks: int) -> Path:
+    """The processes' working directory: the two personas and the config with one token."""
+    (root / "agents").mkdir(parents=True, exist_ok=True)
+    (root / "marketplace").mkdir(exist_ok=True)
+    load = f"fastfake: delay={delay} chunks={chunks} turns={turns} tool={floor.TOOL}"
+    warm = f"fastfake: delay=0 chunks={chunks} turns=2 tool={floor.TOOL}"
+    (root / "agents" / f"{PERSONA}.md").write_text(_persona(PERSONA, model, load, turns + 2))
+    (root / "agents" / f"{WARM_PERSONA}.md").write_text(_persona(WARM_PERSONA, model, warm, 4))
+    return root
+
+
+@dataclass
+class Stack:
+    api_url: str
+    token: str
+    fake: fast_fake.Running
+    api: psutil.Process
+    worker: h.Worker
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _process(argv: list[str], site: Path, env: dict[str, str], log: Path) -> Iterator[Any]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=site, env=env, stdout=out, stderr=out)
+    try:
+        yield proc
+    finally:
+        h._stop(proc)
+
+
+def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited:\n{log.read_text(errors='replace')[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def _wait_consumer(api_url: str, token: str, worker: h.Worker, timeout: float = 60.0) -> None:
+    """Until the API sees a live consumer of the interactive queue (else it refuses chats)."""
+    deadline = time.monotonic() + timeout
+    auth = {"Authorization": f"Bearer {token}"}
+    while time.monotonic() < deadline:
+        if worker.proc.poll() is not None:
+            raise RuntimeError(f"the worker exited:\n{worker.log_tail()}")
+        try:
+            ready = httpx.get(f"{api_url}/readyz", headers=auth, timeout=5).json()
+            queue = (ready.get("queues") or {}).get("ongrid.interactive") or {}
+            if queue.get("consumers"):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"no live consumer of ongrid.interactive after {timeout:.0f} s")
+
+
+@contextmanager
+def stack(
+    site: Path,
+    redis_url: str,
+    concurrency: int,
+    fake: fast_fake.Running,
+    source: Path | None = None,
+) -> Iterator[Stack]:
+    """The API and one worker; ``source``: run them from that tree (e.g. an exported commit)."""
+    token = secrets.token_urlsafe(24)
+    config = site / "ongrid.yaml"
+    config.write_text(json.dumps({"auth": {"tokens": {token: {"user": "bench", "role": "admin"}}}}))
+    env = h.worker_env(redis_url, fake.base_url, site)
+    env.update(ONGRID_CONFIG=str(config), ONGRID_DATA_DIR=str(site / ".ongrid"))
+    if source is not None:
+        env["PYTHONPATH"] = str(source.resolve())
+    port = _free_port()
+    ongrid = [sys.executable, "-m", "coordinator"]
+    api_argv = [*ongrid, "api", "--host", "127.0.0.1", "--port", str(port)]
+    worker_argv = [*ongrid, "worker", "-c", str(concurrency), "--queues", "ongrid.interactive"]
+    worker_argv += ["--name", "bench-engine", "--loglevel", "WARNING"]
+    api_url = f"http://127.0.0.1:{port}"
+    with ExitStack() as stop:
+        api = stop.enter_context(_process(api_argv, site, env, site / "api.log"))
+        wproc = stop.enter_context(_process(worker_argv, site, env, site / "worker.log"))
+        worker = h.Worker(wproc, "bench-engine", concurrency, site / "worker.log")
+        _wait_http(f"{api_url}/healthz", api, site / "api.log")
+        _wait_consumer(api_url, token, worker)
+        yield Stack(api_url, token, fake, psutil.Process(api.pid), worker)
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+async def _submit(s: Stack, persona: str, prompts: list[str]) -> list[tuple[str, float, float]]:
+    """POST each chat; (spawn id, sent at, accepted at) once its response headers arrive."""
+    auth = {"Authorization": f"Bearer {s.token}"}
+    limits = httpx.Limits(max_connections=SUBMITTERS, max_keepalive_connections=SUBMITTERS)
+    out: list[tuple[str, float, float]] = [("", 0.0, 0.0)] * len(prompts)
+    gate = asyncio.Semaphore(SUBMITTERS)
+    async with httpx.AsyncClient(
+        base_url=s.api_url, headers=auth, limits=limits, timeout=300
+    ) as client:
+
+        async def one(i: int) -> None:
+            async with gate:
+                sent = time.time()
+                body = {"prompt": prompts[i], "agent": persona}
+                async with client.stream("POST", "/api/v1/chat", json=body) as response:
+                    if response.status_code != 200:
+                        await response.aread()
+                        raise RuntimeError(f"chat refused: {response.status_code} {response.text}")
+                    out[i] = (response.headers["x-spawn-id"], sent, time.time())
+
+        await asyncio.gather(*(one(i) for i in range(len(prompts))))
+    return out
+
+
+def _transcripts(s: Stack, ids: list[str]) -> dict[str, dict[str, Any]]:
+    auth = {"Authorization": f"Bearer {s.token}"}
+
+    async def fetch() -> dict[str, dict[str, Any]]:
+        limits = httpx.Limits(max_connections=16)
+        async with httpx.AsyncClient(
+            base_url=s.api_url, headers=auth, limits=limits, timeout=300
+        ) as client:
+            gate = asyncio.Semaphore(16)
+
+            async def one(spawn_id: str) -> tuple[str, dict[str, Any]]:
+                async with gate:
+                    response = await client.get(f"/api/v1/spawns/{spawn_id}")
+                    return spawn_id, response.json()
+
+            return dict(await asyncio.gather(*(one(i) for i in ids)))
+
+    return asyncio.run(fetch())
+
+
+def _wait_done(s: Stack, ids: list[str], expected_requests: int, turn_delay: float) -> dict:
+    """Until every spawn's transcript is final. The fake's counters are polled first (cheap):
+    the transcripts are read only once it has answered every turn or fell quiet."""
+    quiet_for = 3 * turn_delay + 30  # no new request and none open this long: nothing is left
+    last_change, last_requests = time.monotonic(), -1
+    while True:
+        stats = s.fake.stats()
+        if stats["requests"] != last_requests or stats["open_streams"]:
+            last_change, last_requests = time.monotonic(), stats["requests"]
+        answered = stats["requests"] - stats["repeats"] >= expected_requests
+        if (answered and not stats["open_streams"]) or time.monotonic() - last_change > quiet_for:
+            break
+        time.sleep(0.5)
+    pending = list(ids)
+    records: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 120 + 2 * turn_delay
+    while pending:
+        records.update(_transcripts(s, pending))
+        pending = [i for i in pending if records[i].get("status") not in FINAL]
+        if not pending or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    return records
+
+
+class _RssPeak(threading.Thread):
+    def __init__(self, proc: psutil.Process) -> None:
+        super().__init__(daemon=True)
+        self.proc, self.peak, self.stop = proc, proc.memory_info().rss, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            try:
+                self.peak = max(self.peak, self.proc.memory_info().rss)
+            except psutil.NoSuchProcess:
+                return
+
+
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, Any]:
+    # Warm the worker (imports, connections, first model call) before anything is measured.
+    warm = asyncio.run(_submit(s, WARM_PERSONA, [f"warm {i}" for i in range(4)]))
+    _wait_done(s, [w[0] for w in warm], 8, 0.0)
+    h.wait_quiet(max_wait=10, threshold=0.2)
+    s.fake.reset()
+    before = {
+        "worker": s.worker.cpu_seconds(),
+        "api": _cpu(s.api),
+        "redis": h.redis_cpu_seconds(r),
+        "fake": s.fake.stats()["cpu_seconds"],
+        "machine": h.machine_busy_seconds(),
+    }
+    idle_rss = s.worker.ps.memory_info().rss
+    rss = _RssPeak(s.worker.ps)
+    rss.start()
+    t0 = time.time()
+    submitted = asyncio.run(_submit(s, PERSONA, [f"engine load {i}" for i in range(n)]))
+    submit_s = time.time() - t0
+    ids = [spawn_id for spawn_id, _, _ in submitted]
+    records = _wait_done(s, ids, n * turns, delay)
+    rss.stop.set()
+    stats = s.fake.stats()
+    cpu = {
+        "worker": s.worker.cpu_seconds() - before["worker"],
+        "api": _cpu(s.api) - before["api"],
+        "redis": h.redis_cpu_seconds(r) - before["redis"],
+        "fake": stats["cpu_seconds"] - before["fake"],
+        "machine": h.machine_busy_seconds() - before["machine"],
+    }
+    statuses = Counter(records[i].get("status", "missing") for i in ids)
+    efficiency = [
+        turns * delay / (records[spawn_id]["updated"] - sent)
+        for spawn_id, sent, _ in submitted
+        if records[spawn_id].get("status") == "ok"
+    ]
+    model_turns = n * turns
+    return {
+        "n": n,
+        "turns": turns,
+        "delay": delay,
+        "submit_s": submit_s,
+        "accept_ms_median": statistics.median(1000 * (a - b) for _, b, a in submitted),
+        "statuses": dict(statuses),
+        "efficiency_median": statistics.median(efficiency) if efficiency else float("nan"),
+        "efficiency_p10": sorted(efficiency)[len(efficiency) // 10] if efficiency else float("nan"),
+        "worker_cpu_ms_per_turn": cpu["worker"] / model_turns * 1000,
+        "cpu_seconds": cpu,
+        "worker_rss_idle_mb": idle_rss / 2**20,
+        "worker_rss_peak_mb": rss.peak / 2**20,
+        "worker_rss_kb_per_spawn": (rss.peak - idle_rss) / n / 1024,
+        "fake_requests": stats["requests"],
+        "repeats": stats["repeats"],
+        "fake_open_streams_peak": stats["open_streams_peak"],
+        "wall_s": max((records[i].get("updated") or t0) for i in ids) - t0,
+    }
+
+
+def describe(f: dict[str, Any]) -> str:
+    cpu = f["cpu_seconds"]
+    return (
+        f"engine: {f['n']} spawns × {f['turns']} turns × {f['delay']:g} s: statuses "
+        f"{f['statuses']}; submitted all in {f['submit_s']:.2f} s (accept median "
+        f"{f['accept_ms_median']:.0f} ms); efficiency median {f['efficiency_median']:.3f} (p10 "
+        f"{f['efficiency_p10']:.3f}); worker {f['worker_cpu_ms_per_turn']:.2f} ms CPU per model "
+        f"turn; worker RSS {f['worker_rss_kb_per_spawn']:.0f} KB per spawn "
+        f"({f['worker_rss_peak_mb']:.0f} MB peak, {f['worker_rss_idle_mb']:.0f} MB idle); "
+        f"{f['repeats']} repeats of {f['fake_requests']} requests (peak "
+        f"{f['fake_open_streams_peak']} open); wall {f['wall_s']:.1f} s; CPU s: worker "
+        f"{cpu['worker']:.1f}, api {cpu['api']:.1f}, redis {cpu['redis']:.1f}, fake "
+        f"{cpu['fake']:.1f}, machine {cpu['machine']:.1f}"
+    )
+
+
+def table(engine: dict[str, Any], floors: list[dict[str, Any]]) -> str:
+    heads = ["this worker", *(f"floor: {f['path']}" for f in floors)]
+    rows = [
+        (
+            "per spawn: ideal ÷ (last reply − submission), median",
+            [engine["efficiency_median"], *(f["efficiency_median"] for f in floors)],
+            "{:.3f}",
+        ),
+        (
+            "CPU per model turn, ms",
+            [engine["worker_cpu_ms_per_turn"], *(f["cpu_ms_per_turn"] for f in floors)],
+            "{:.2f}",
+        ),
+        (
+            "RSS per spawn in flight, KB",
+            [engine["worker_rss_kb_per_spawn"], *(f["rss_kb_per_conversation"] for f in floors)],
+            "{:.0f}",
+        ),
+        (
+            "the same turn requested twice",
+            [engine["repeats"], *(f["repeats"] for f in floors)],
+            "{}",
+        ),
+    ]
+    title = f"{engine['n']} × {engine['turns']} turns × {engine['delay']:g} s"
+    lines = [f"| {title} | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for name, values, fmt in rows:
+        lines.append(f"| {name} | " + " | ".join(fmt.format(v) for v in values) + " |")
+    lines.append(
+        f"| time to submit all {engine['n']} through the API, s | "
+        f"{engine['submit_s']:.2f} |" + " |" * len(floors)
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--delay", type=float, default=5.0)
+    parser.add_argument("--chunks", type=int, default=40)
+    parser.add_argument("--margin", type=int, default=64, help="worker slots beyond n")
+    parser.add_argument("--model", default="openai/gpt-4o-mini")
+    parser.add_argument(
+        "--floor", default="", help="floor paths to measure too, e.g. cheapest,default"
+    )
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/8")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        help="run the API and worker from this source tree (e.g. `git archive HEAD` unpacked), "
+        "to measure another version of the runtime beside the floor",
+    )
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    with ExitStack() as stop:
+        tmp = Path(stop.enter_context(tempfile.TemporaryDirectory(prefix="bench-engine-")))
+        site = write_site(tmp, args.model, args.turns, args.delay, args.chunks)
+        r = stop.enter_context(h.flushed_db(args.redis_url))
+        fake = stop.enter_context(fast_fake.running())
+        s = stop.enter_context(stack(site, args.redis_url, args.n + args.margin, fake, args.source))
+        tree = args.source or Path(__file__).resolve().parent.parent
+        print(
+            f"fast_fake {fake.base_url}, API {s.api_url}, worker -c {args.n + args.margin}, "
+            f"runtime from {tree}"
+        )
+        engine = run_load(s, r, args.n, args.turns, args.delay)
+        print(describe(engine), flush=True)
+        if engine["statuses"].get("ok", 0) < args.n:
+            print(f"worker log tail:\n{s.worker.log_tail(40)}")
+        floors = []
+        for path in filter(None, args.floor.split(",")):
+            h.wait_quiet(max_wait=10, threshold=0.2)
+            f = floor.run_floor(args.n, args.turns, args.delay, args.chunks, path, fake.base_url)
+            print(floor.describe(f), flush=True)
+            floors.append(f)
+        print()
+        print(table(engine, floors))
+    if args.json:
+        args.json.write_text(json.dumps({"engine": engine, "floors": floors}, indent=1))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    main()
