@@ -145,13 +145,17 @@ def stack(
     concurrency: int,
     fake: fast_fake.Running,
     source: Path | None = None,
+    stream_replies: str = "watched",
 ) -> Iterator[Stack]:
-    """The API and one worker; ``source``: run them from that tree (e.g. an exported commit)."""
+    """The API and one worker; ``source``: run them from that tree (e.g. an exported commit);
+    ``stream_replies``: the worker's setting (``always`` streams every reply, as if each spawn
+    were watched)."""
     token = secrets.token_urlsafe(24)
     config = site / "ongrid.yaml"
     config.write_text(json.dumps({"auth": {"tokens": {token: {"user": "bench", "role": "admin"}}}}))
     env = h.worker_env(redis_url, fake.base_url, site)
     env.update(ONGRID_CONFIG=str(config), ONGRID_DATA_DIR=str(site / ".ongrid"))
+    env["ONGRID_STREAM_REPLIES"] = stream_replies
     if source is not None:
         env["PYTHONPATH"] = str(source.resolve())
     port = _free_port()
@@ -386,6 +390,12 @@ def main() -> None:
         help="run the API and worker from this source tree (e.g. `git archive HEAD` unpacked), "
         "to measure another version of the runtime beside the floor",
     )
+    parser.add_argument(
+        "--stream-replies",
+        default="watched",
+        choices=["watched", "always", "never"],
+        help="the worker's stream_replies (the chats are not watched: `always` forces streaming)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with ExitStack() as stop:
@@ -393,11 +403,15 @@ def main() -> None:
         site = write_site(tmp, args.model, args.turns, args.delay, args.chunks)
         r = stop.enter_context(h.flushed_db(args.redis_url))
         fake = stop.enter_context(fast_fake.running())
-        s = stop.enter_context(stack(site, args.redis_url, args.n + args.margin, fake, args.source))
+        s = stop.enter_context(
+            stack(
+                site, args.redis_url, args.n + args.margin, fake, args.source, args.stream_replies
+            )
+        )
         tree = args.source or Path(__file__).resolve().parent.parent
         print(
             f"fast_fake {fake.base_url}, API {s.api_url}, worker -c {args.n + args.margin}, "
-            f"runtime from {tree}"
+            f"stream_replies={args.stream_replies}, runtime from {tree}"
         )
         engine = run_load(s, r, args.n, args.turns, args.delay)
         print(describe(engine), flush=True)

@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -59,7 +59,6 @@ from registry.parser import dump_persona, parse_persona
 from registry.persona import Persona
 from registry.policy import ToolBag, resolve_bag
 from registry.settings import Settings
-from registry.template import Rendered, render
 from registry.tools import BaseTool, ToolCatalog, ToolContext, ToolResult
 from workers import metrics, tracing
 from workers.celery_app import DEFAULT_REDIS_URL
@@ -74,13 +73,13 @@ from workers.model import (
     DEMO_MODEL,
     Model,
     ModelError,
-    ModelReply,
-    ModelRequest,
     RetryAbandoned,
     RetryingModel,
     RetryPolicy,
     resolve_model_id,
 )
+from workers.observed import MeasuredModel, TurnClock
+from workers.prompts import first_message, system_prompt, turn_reminder
 from workers.publisher import EventWriter, SpawnSink
 from workers.reaper import Reaper
 from workers.reload import RegistryFollower, cluster_version
@@ -108,12 +107,6 @@ ASYNC_CONNECTION_WAIT = 30.0
 HEARTBEAT_FRACTION = 0.2
 REAP_FRACTION = 0.3
 
-BASE_PROMPT = (
-    "You are a specialist of Ongrid, an operations platform for SRE teams. You investigate with "
-    "the tools you are given and report what they show. Cite the tool output behind each claim. "
-    "When a tool fails, say so and work with what you have; never invent data."
-)
-
 
 def _load_model_adapter() -> None:
     """Import litellm (seconds of CPU) at start-up: a worker that says it is ready is, and the
@@ -131,38 +124,6 @@ def model_for(model_id: str, credentials: ProviderCredentials | None = None) -> 
     from workers._litellm import LitellmModel
 
     return LitellmModel(credentials=credentials)
-
-
-def system_prompt(persona: Persona) -> str:
-    parts = [] if persona.omit_claude_md else [BASE_PROMPT]
-    parts.append(persona.body.strip())
-    if persona.critical_reminder.strip():
-        parts.append(
-            f"<critical-reminder>\n{persona.critical_reminder.strip()}\n</critical-reminder>"
-        )
-    return "\n\n".join(p for p in parts if p)
-
-
-def turn_reminder(persona: Persona, model_id: str, bag: ToolBag, locale: str) -> str:
-    """The framework's reminders, then the persona's critical reminder (SPEC §5)."""
-    tools = ", ".join(bag.names()) or "none"
-    lines = [
-        f"Answer in the locale {locale}.",
-        f"You are running on the model {model_id}.",
-        f"Tools available: {tools}.",
-    ]
-    if persona.critical_reminder.strip():
-        lines.append(persona.critical_reminder.strip())
-    return "\n".join(lines)
-
-
-def first_message(persona: Persona, prompt: str, context: dict[str, Any]) -> Rendered:
-    """The spawn's first user message: the rendered ``initial_prompt``, then the prompt; with
-    the context keys the template lacked."""
-    if not persona.initial_prompt:
-        return Rendered(prompt, [])
-    opening = render(persona.initial_prompt, context)
-    return Rendered(f"{opening.text.rstrip()}\n\n{prompt}", opening.missing)
 
 
 def _about_to_run(state: LoopState) -> bool:
@@ -387,7 +348,7 @@ class WorkerRuntime:
             stream=self._streaming(record.session_id),
         )
         assert record.state is not None
-        turns = _TurnClock(persona.name, record.state.turns)
+        turns = TurnClock(persona.name, record.state.turns)
 
         async def checkpoint(state: LoopState) -> None:
             await sink.flushed()  # the saved event index never gets ahead of what is published
@@ -404,7 +365,7 @@ class WorkerRuntime:
             if draining:
                 raise WorkerDraining(spawn_id)
 
-        model = _Measured(
+        model = MeasuredModel(
             RetryingModel(
                 model_for(record.model_id, self.credentials),
                 RetryPolicy.from_settings(self.settings),
@@ -609,42 +570,6 @@ class WorkerRuntime:
     async def _close(self) -> None:
         await self.writer.aclose()
         await self.aredis.aclose()
-
-
-class _TurnClock:
-    """Times each turn of a spawn (model call and the tool calls after it) for its metric."""
-
-    def __init__(self, persona: str, turns: int) -> None:
-        self.persona, self.turns, self.since = persona, turns, time.monotonic()
-
-    def tick(self, turns: int) -> None:
-        if turns > self.turns:
-            now = time.monotonic()
-            metrics.turn_done(self.persona, now - self.since)
-            self.turns, self.since = turns, now
-
-
-class _Measured:
-    """A :class:`Model` whose calls are timed, counted and traced (GenAI conventions)."""
-
-    def __init__(self, inner: Model, persona: str) -> None:
-        self.inner, self.persona = inner, persona
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
-        started = time.monotonic()
-        with tracing.chat_span(request.model) as span:
-            try:
-                async for item in self.inner.stream(request):
-                    if isinstance(item, ModelReply):
-                        tracing.record_usage(span, item.usage)
-                        seconds = time.monotonic() - started
-                        metrics.model_call(request.model, self.persona, seconds, item.usage, None)
-                    yield item
-            except ModelError as exc:
-                metrics.model_call(
-                    request.model, self.persona, time.monotonic() - started, None, exc.cause
-                )
-                raise
 
 
 def connect_drain(runtime: WorkerRuntime) -> None:
