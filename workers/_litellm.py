@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
 
+#: Connections litellm's async HTTP client may open, per host too: more than any worker holds.
+_CONNECTIONS = 65536
 #: Statuses worth another attempt besides every 5xx (as the OpenAI SDK retries them).
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 
@@ -63,8 +65,9 @@ def load() -> ModuleType:
         # litellm's async calls go through aiohttp, whose connector allows 1000 connections,
         # 500 per host: a worker holding more spawns than that on one provider would queue its
         # model calls behind the limit. The spawns a worker takes (its concurrency) bound them.
-        os.environ.setdefault("AIOHTTP_CONNECTOR_LIMIT", "0")
-        os.environ.setdefault("AIOHTTP_CONNECTOR_LIMIT_PER_HOST", "0")
+        # (0 is no way out: litellm then passes no limit, and aiohttp's own default is 100.)
+        os.environ.setdefault("AIOHTTP_CONNECTOR_LIMIT", str(_CONNECTIONS))
+        os.environ.setdefault("AIOHTTP_CONNECTOR_LIMIT_PER_HOST", str(_CONNECTIONS))
         import litellm
 
         litellm.telemetry = False

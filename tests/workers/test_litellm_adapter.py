@@ -610,8 +610,8 @@ def test_importing_the_adapter_changes_nothing_until_load() -> None:
     assert report["added"] == {
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "LITELLM_LOG": "ERROR",
-        "AIOHTTP_CONNECTOR_LIMIT": "0",
-        "AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "0",
+        "AIOHTTP_CONNECTOR_LIMIT": "65536",
+        "AIOHTTP_CONNECTOR_LIMIT_PER_HOST": "65536",
     }
     assert report["changed"] == []
     assert report["cost_entries"] > 100  # the map shipped with litellm was read
