@@ -271,6 +271,11 @@ class EventBus:
         entries = self._client.xrange(self.keys(session_id).stream, *_after(after_seq), count=limit)
         return _decode_entries(entries)
 
+    async def ahistory(self, session_id: str, client: redis.asyncio.Redis) -> list[Event]:
+        """:meth:`history` of the whole session, read with ``client`` (an engine's)."""
+        entries = await client.xrange(self.keys(session_id).stream, *_after(0))
+        return _decode_entries(entries)
+
     def read_blocking(self, session_id: str, after_seq: int, block_seconds: float) -> list[Event]:
         """Stored events with ``seq > after_seq``; when there is none yet, wait up to
         ``block_seconds`` for the next ones (``XREAD BLOCK``).

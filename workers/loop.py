@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -103,6 +103,9 @@ class LoopSetup:
     tool_context: ToolContext
     run_tool: RunTool = run_in_thread
     """How a tool call runs; a worker passes its own (bounded pool, span, metric)."""
+    published: Mapping[str, tuple[str, bool]] = field(default_factory=dict)
+    """Results (content, is_error) by call id that an earlier attempt published but did not
+    checkpoint before it was lost; a resumed attempt reports them instead of "interrupted"."""
     stream: Callable[[], Awaitable[bool]] | None = None
     """Asked before each model call whether to stream its text (someone watches the session);
     ``None``: always stream."""
@@ -201,7 +204,11 @@ class _Run:
             blocked = await self._needs_decision(call)
             if blocked is not None:
                 return blocked
-            if call.id in self.state.started and not self._idempotent(call):
+            if call.id in self.state.started and call.id in self.setup.published:
+                # Run to its end by the lost attempt, whose result event got out before its
+                # checkpoint: that is the call's result, not "unknown".
+                content, is_error = self.setup.published[call.id]
+            elif call.id in self.state.started and not self._idempotent(call):
                 content, is_error = (
                     "interrupted: the worker running this call was lost; its outcome is unknown. "
                     "Check the current state before calling it again.",

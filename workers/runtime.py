@@ -68,7 +68,7 @@ from workers.events import EventBus
 from workers.hardening import ProviderCredentials
 from workers.leases import LeaseKeeper
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
-from workers.messages import AgentTile, Message, TaskNotification, Usage
+from workers.messages import AgentTile, Message, TaskNotification, ToolResultEvent, Usage
 from workers.model import (
     DEMO_MODEL,
     Model,
@@ -346,6 +346,7 @@ class WorkerRuntime:
             ),
             run_tool=self._run_tool,
             stream=self._streaming(record.session_id),
+            published=await self._published_results(record),
         )
         assert record.state is not None
         turns = TurnClock(persona.name, record.state.turns)
@@ -387,6 +388,22 @@ class WorkerRuntime:
             log.exception("spawn %s crashed", spawn_id)
             return await self._finish(record, token, "failed", f"{type(exc).__name__}: {exc}")
         return await self._conclude(record, token, outcome)
+
+    async def _published_results(self, record: SpawnRecord) -> dict[str, tuple[str, bool]]:
+        """The results of calls this spawn started, did not checkpoint, and published: a lost
+        attempt emits a call's result before the checkpoint that records it (so no event is
+        ever lost), and may die in between. Read only when such a call exists (a resume)."""
+        state = record.state
+        unsettled = {c.id for c in state.pending if c.id in state.started} if state else set()
+        if not unsettled:
+            return {}
+        return {
+            event.call_id: (event.content, event.is_error)
+            for event in await self.bus.ahistory(record.session_id, self.aredis)
+            if isinstance(event, ToolResultEvent)
+            and event.spawn_id == record.spawn_id
+            and event.call_id in unsettled
+        }
 
     async def _run_tool(
         self, tool: BaseTool, arguments: BaseModel, context: ToolContext

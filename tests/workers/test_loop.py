@@ -110,6 +110,7 @@ class Run:
     max_turns: int = 10
     events: list[tuple[Event, int]] = field(default_factory=list)
     saved: list[LoopState] = field(default_factory=list)
+    published: dict[str, tuple[str, bool]] = field(default_factory=dict)
 
     def setup(self) -> LoopSetup:
         return LoopSetup(
@@ -120,6 +121,7 @@ class Run:
             reminder=REMINDER,
             bag=self.bag,
             tool_context=ToolContext(session_id="s1", spawn_id="w1", user="bob"),
+            published=self.published,
         )
 
     def __call__(self, model: Model, state: LoopState | None = None) -> tuple[Outcome, LoopState]:
@@ -542,6 +544,27 @@ def test_a_call_that_was_running_when_the_worker_died_is_not_rerun(run: Run, too
     assert model.requests[0].messages[-2] == Message(
         role="tool", content=result.content, tool_call_id="c9", name="restart_service"
     )
+
+
+def test_a_result_the_lost_attempt_published_is_reported_not_interrupted(tools: Tools) -> None:
+    """The lost attempt ran the call and published its result, then died before the checkpoint
+    that records it: the resumed attempt reports that result (it is the one on the event
+    stream), neither running the call again nor calling its outcome unknown."""
+    state = fresh_state()
+    pending = call("restart_service", service="db", call_id="c9")
+    state.messages.append(Message(role="assistant", tool_calls=[pending]))
+    state.turns, state.pending, state.started = 1, [pending], ["c9"]
+    state.approvals["c9"] = Approval(approved_by=["alice"])
+    run = Run(make_bag(tools))
+    run.published = {"c9": ("restarted db", False)}
+    model = ScriptedModel(["db restarted."])
+
+    outcome, state = run(model, state)
+
+    assert outcome.kind == "final" and tools.calls == []
+    (result,) = run.results()
+    assert (result.call_id, result.content, result.is_error) == ("c9", "restarted db", False)
+    assert model.requests[0].messages[-2].content == "restarted db"
 
 
 def test_an_idempotent_tool_interrupted_by_a_crash_runs_again_with_its_call_id() -> None:
