@@ -9,10 +9,12 @@ number of dead leases, not the number of spawns. All times are the Redis server'
 a worker whose clock is wrong changes nothing.
 
 Each expired entry whose lease key is gone and whose record is still ``running`` is enqueued
-again once (``{prefix}requeue:{id}``, set ``NX`` for a lease's time, guards against a second
-enqueue by a previous leader) and removed; entries of spawns that are not running any more, or
-no longer exist, are removed. An entry is removed only if its deadline has not moved since it was
-read: a spawn claimed again meanwhile keeps the entry of its new lease.
+again, at most once per lease period (``{prefix}requeue:{id}``, set ``NX`` for a lease's time,
+guards against a second enqueue by this leader or a previous one). Its entry stays: the next
+attempt's claim moves its deadline, and if no attempt claims the spawn (its message was lost, or
+the attempt failed before its claim) it is enqueued again a lease later, instead of being left
+``running`` forever. Entries of spawns that are not running any more, or no longer exist, are
+removed, each only if its deadline has not moved since it was read.
 """
 
 from __future__ import annotations
@@ -137,29 +139,30 @@ class Reaper:
             if leased:
                 continue  # the deadline passed but the lease lives: it is renewed or expires
             outcome = self._resume(spawn_id, raw)
-            if outcome is not None:
+            if outcome is None:
                 done.append(spawn_id)
+            else:
                 resumed += outcome
         if done:
             self._forget(keys=[self.store.leases_key], args=[now, *done])
         return resumed
 
     def _resume(self, spawn_id: str, raw: Any) -> int | None:
-        """Enqueue the spawn again if it runs without a worker. Returns 1 if enqueued, 0 if its
-        entry is only to be removed, ``None`` if the entry stays (the enqueue failed)."""
+        """Enqueue the spawn again if it runs without a worker. Returns 1 if enqueued, 0 if not
+        (now), ``None`` if its entry is to be removed (the spawn is not running)."""
         record = decode_record(raw) if raw else None
         if record is None or record.status != "running":
-            return 0
+            return None
         guard = self.store.requeue_key(spawn_id)
         if not self.r.set(guard, "1", nx=True, px=self.lease_ms):
-            return 0  # enqueued already, by this leader or the one before it
+            return 0  # enqueued less than a lease ago, by this leader or the one before it
         log.warning("spawn %s lost its worker; re-enqueuing", spawn_id)
         try:
             self.requeue(record)
         except Exception:  # noqa: BLE001 - the next period tries again; others still get reaped
             log.exception("spawn %s could not be enqueued again", spawn_id)
             self.r.delete(guard)
-            return None
+            return 0
         if self.on_resumed is not None:
             self.on_resumed(spawn_id)
         return 1

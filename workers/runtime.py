@@ -99,9 +99,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3
-#: Connections of the engine's Redis pool, and how long a command waits for one (seconds).
-ASYNC_CONNECTIONS = 64
-ASYNC_CONNECTION_WAIT = 30.0
 #: Renewal and reaper periods as fractions of the lease (``Settings.lease_seconds``): a lease
 #: survives four missed renewals; a dead worker's spawn is re-enqueued within 1.3 leases.
 HEARTBEAT_FRACTION = 0.2
@@ -168,13 +165,10 @@ class WorkerRuntime:
         if why is not None:
             log.warning("bash and host_bash are unavailable on this worker: %s", why)
         self.engine = Engine(offload_threads=settings.tool_threads)
-        # One connection per concurrent command at most: a pool as large as the spawns held
-        # would open a thousand sockets for what a few dozen carry.
-        self.aredis = redis.asyncio.Redis(
-            connection_pool=redis.asyncio.BlockingConnectionPool.from_url(
-                url, max_connections=ASYNC_CONNECTIONS, timeout=ASYNC_CONNECTION_WAIT
-            )
-        )
+        # A pool that grows with the commands in flight. A bounded one made commands wait for
+        # a connection, and when a stalled worker's spawns all resumed at once, 364 of 700
+        # waited past its timeout and failed.
+        self.aredis = redis.asyncio.Redis.from_url(url)
         self.astore = AsyncSpawnStore(self.aredis)
         self.writer = EventWriter(self.bus, self.aredis, on_published=metrics.event_published)
         self.engine.run(self._start_writer())

@@ -120,18 +120,24 @@ def test_one_leader_and_a_successor_when_it_resigns_or_dies(
     assert store.r.get(f"{store.prefix}reaper") == last.worker_id.encode()
 
 
-def test_a_spawn_whose_worker_died_is_enqueued_exactly_once(
+def test_a_dead_spawn_is_enqueued_once_per_lease_until_an_attempt_claims_it(
     store: SpawnStore, reapers: list[Reaper], requeued: _Requeued
 ):
     dead, _ = _claimed(store)  # nobody renews it: its worker is gone
     for reaper in reapers:
         reaper.start()
     _wait(lambda: requeued.ids, "the dead spawn to be enqueued again")
-    _wait(lambda: store.r.zscore(store.leases_key, dead.spawn_id) is None, "its entry to go")
-    time.sleep(3 * LEASE_MS / 1000)  # past the guard's expiry: still not enqueued twice
-
+    time.sleep(LEASE_MS / 2000)  # within the guard's lease: two reapers, one enqueue
     assert requeued.ids == [dead.spawn_id]
-    assert requeued.resumed == [dead.spawn_id]
+    # Nobody claims it (its message was lost): a lease later it is enqueued again.
+    _wait(lambda: len(requeued.ids) >= 2, "a second enqueue of the unclaimed spawn")
+    # An attempt claims it: its lease lives (renewed by nobody here, but long), no more enqueues.
+    _, token = store.claim(dead.spawn_id, 3600_000)
+    assert token is not None
+    enqueued = len(requeued.ids)
+    time.sleep(3 * LEASE_MS / 1000)
+    assert len(requeued.ids) == enqueued
+    assert set(requeued.resumed) == {dead.spawn_id}
 
 
 def test_a_live_lease_is_never_reaped_and_finished_entries_are_cleaned(
@@ -176,5 +182,6 @@ def test_a_failing_enqueue_is_tried_again(store: SpawnStore):
     assert store.r.zscore(store.leases_key, dead.spawn_id) is not None
     assert reaper.tick() == 1
     assert tries == [dead.spawn_id, dead.spawn_id]
-    assert store.r.zscore(store.leases_key, dead.spawn_id) is None
+    # The entry stays until an attempt claims the spawn (which moves its deadline).
+    assert store.r.zscore(store.leases_key, dead.spawn_id) is not None
     reaper.stop()
