@@ -256,6 +256,7 @@ def litellm_in_process(b: Bench, body: dict[str, Any], n: int) -> tuple[list, li
         messages=[Message.model_validate(m) for m in body["messages"]],
         tools=[ToolSpec(**t["function"]) for t in body.get("tools") or []],
     )
+
     async def call() -> None:
         async for _ in model.stream(request):
             pass

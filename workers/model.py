@@ -169,6 +169,7 @@ class RetryPolicy:
 #: os.urandom) showed in a worker's profile.
 _JITTER = random.Random()
 
+
 class RetryingModel:
     """A :class:`Model` that retries its inner model's retryable failures with backoff.
 
