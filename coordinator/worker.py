@@ -125,7 +125,7 @@ def _runtime_step(settings: Settings, app: Celery) -> type[bootsteps.StartStopSt
             use_worker_runtime(runtime)
 
             # After the pool has stopped (every spawn ended or handed back), not before: the
-            # lease heartbeat must outlive the spawns it renews.
+            # lease keeper must outlive the spawns it renews.
             def on_shutdown(sender: Any = None, **_: Any) -> None:
                 if getattr(sender, "app", None) is app:
                     runtime.stop()

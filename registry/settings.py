@@ -151,8 +151,8 @@ class Settings(BaseModel):
     sandbox_groups: list[str] = Field(default_factory=list)
     #: Paths the sandbox hides besides the worker's own (config file, data dir, cwd, home).
     sandbox_hide: list[Path] = Field(default_factory=list)
-    #: How long a worker's claim on a spawn lasts without a heartbeat: after a worker dies, its
-    #: spawns are resumed elsewhere within about this time (heartbeat and reaper run faster).
+    #: How long a worker's claim on a spawn lasts unrenewed: after a worker dies, its spawns are
+    #: resumed elsewhere within about this time (renewals and the reaper run faster).
     lease_seconds: float = Field(default=10.0, gt=0)
     #: How many times a model call that failed for a passing reason (429, 5xx, timeout, lost
     #: connection) is tried again before the spawn fails; 0: never.
