@@ -241,11 +241,12 @@ class WorkerRuntime:
         persona = record.persona
         metrics.spawn_started(persona)
         status = "lease-lost"
+        ended = False  # the attempt reported back: its lease may be given back
         parent = tracing.extract(record.trace)  # the request that made the spawn
         try:
             with tracing.agent_span(persona, context=parent, session_id=record.session_id):
                 summary = await self._within_time_limit(record, token)
-            status = str(summary.get("status", ""))
+            status, ended = str(summary.get("status", "")), True
             return summary
         except LeaseLost:
             metrics.lease_lost()
@@ -264,7 +265,10 @@ class WorkerRuntime:
             self._tasks.pop(spawn_id, None)
             self._lost.discard(spawn_id)
             self.leases.drop(spawn_id)
-            if spawn_id not in self._given_back:  # the last write gave it back already
+            # An attempt that ended on an error (Redis gone, the engine stopping) keeps its
+            # lease until it expires: its deadline entry stays too, and the reaper resumes the
+            # spawn. Giving the lease back would remove that entry and leave it running.
+            if ended and spawn_id not in self._given_back:
                 with contextlib.suppress(redis.RedisError):
                     await self.astore.release(spawn_id, token)
             self._given_back.discard(spawn_id)
