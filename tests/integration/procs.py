@@ -10,6 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
+import httpx
 import redis
 from harness import START_TIMEOUT, Proc, wait_for
 
@@ -46,6 +47,26 @@ def wait_consumers(
         return found if all(found.values()) else None
 
     return wait_for(served, timeout, f"consumers of {', '.join(queues)}", every=0.1)
+
+
+def api_client(proc: Proc, port: int, token: str, timeout: float) -> httpx.Client:
+    """A client of the API ``proc`` serves on ``port``, once it answers ``/healthz``; fails
+    early, with its log, if ``proc`` exits first."""
+    client = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=timeout,
+    )
+
+    def answers() -> bool:
+        assert proc.alive(), proc.log()
+        try:
+            return client.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(answers, timeout, "the API to answer", every=0.2)
+    return client
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 from harness import MODEL, Cluster, Proc, call, final, wait_for
-from procs import ALL_QUEUES, free_port, ongrid, wait_consumers
+from procs import ALL_QUEUES, api_client, free_port, ongrid, wait_consumers
 
 from workers.client import StrandedWatch
 
@@ -72,20 +72,7 @@ def site(cluster: Cluster) -> Site:
 def api(site: Site) -> Iterator[httpx.Client]:
     port = free_port()
     proc = site.start("api", "api", f"--port={port}")
-    client = httpx.Client(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=DEADLINE,
-    )
-
-    def answers() -> bool:
-        assert proc.alive(), proc.log()
-        try:
-            return client.get("/healthz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(answers, DEADLINE, "the API to answer", every=0.2)
+    client = api_client(proc, port, TOKEN, DEADLINE)
     yield client
     client.close()
 

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 from harness import MODEL, Cluster, Proc, call, final, wait_for
-from procs import ALL_QUEUES, free_port, ongrid, wait_consumers
+from procs import ALL_QUEUES, api_client, free_port, ongrid, wait_consumers
 
 from workers.testing.otlp_receiver import OtlpReceiver
 
@@ -76,20 +76,7 @@ def site(cluster: Cluster, receiver: OtlpReceiver) -> Iterator[Site]:
     api = Proc("api", ongrid("api", f"--port={port}"), cluster.root, env)
     worker = Proc("worker", ongrid("worker", "-c", "4", "--name=traced"), cluster.root, env)
     cluster.workers += [api, worker]  # type: ignore[list-item]  # killed and logged on close
-    client = httpx.Client(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=DEADLINE,
-    )
-
-    def answers() -> bool:
-        assert api.alive(), api.log()
-        try:
-            return client.get("/healthz").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(answers, DEADLINE, "the API to answer", every=0.2)
+    client = api_client(api, port, TOKEN, DEADLINE)
     wait_consumers(cluster.redis, ALL_QUEUES, worker)  # the coordinator pool's too
     yield Site(client, receiver, [api, worker])
     client.close()

@@ -5,9 +5,38 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import redis
 from servers import ClickHouse, start_clickhouse
 
 from workers.sandbox import Sandbox
+from workers.spawns import SpawnStore
+
+#: The Redis database of the spawn store, lease and reaper tests (flushed around each test).
+SPAWN_REDIS_URL = "redis://127.0.0.1:6379/4"
+
+
+@pytest.fixture
+def spawn_redis_url() -> str:
+    """:data:`SPAWN_REDIS_URL`, for a test that needs clients of its own beside :func:`r`."""
+    return SPAWN_REDIS_URL
+
+
+@pytest.fixture
+def r() -> Iterator[redis.Redis]:
+    """A client of :data:`SPAWN_REDIS_URL`, its database flushed before and after the test."""
+    client = redis.Redis.from_url(SPAWN_REDIS_URL)
+    try:
+        client.flushdb()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"no Redis at {SPAWN_REDIS_URL}: {exc}")
+    yield client
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def store(r: redis.Redis) -> SpawnStore:
+    return SpawnStore(r)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -18,22 +18,9 @@ from workers.loop import LoopState
 from workers.messages import Message
 from workers.spawns import SpawnRecord, SpawnStore
 
-REDIS_URL = "redis://127.0.0.1:6379/4"
 TTL_MS = 600
 PERIOD_S = 0.1
 DEADLINE_S = 30.0
-
-
-@pytest.fixture
-def store() -> Iterator[SpawnStore]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.flushdb()
-    except redis.ConnectionError as exc:
-        pytest.fail(f"no Redis at {REDIS_URL}: {exc}")
-    yield SpawnStore(client)
-    client.flushdb()
-    client.close()
 
 
 def _claimed(store: SpawnStore) -> tuple[str, str]:

@@ -18,22 +18,9 @@ from workers.leases import LeaseKeeper
 from workers.reaper import Reaper
 from workers.spawns import SpawnRecord, SpawnStore
 
-REDIS_URL = "redis://127.0.0.1:6379/4"
 LEASE_MS = 400
 PERIOD_S = 0.1
 DEADLINE_S = 30.0
-
-
-@pytest.fixture
-def store() -> Iterator[SpawnStore]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.flushdb()
-    except redis.ConnectionError as exc:
-        pytest.fail(f"no Redis at {REDIS_URL}: {exc}")
-    yield SpawnStore(client)
-    client.flushdb()
-    client.close()
 
 
 class _Requeued:
@@ -59,11 +46,11 @@ def requeued() -> _Requeued:
 
 
 @pytest.fixture
-def reapers(store: SpawnStore, requeued: _Requeued) -> Iterator[list[Reaper]]:
+def reapers(store: SpawnStore, requeued: _Requeued, spawn_redis_url: str) -> Iterator[list[Reaper]]:
     made = [
         Reaper(
             store,
-            redis.Redis.from_url(REDIS_URL),
+            redis.Redis.from_url(spawn_redis_url),
             worker_id,
             LEASE_MS,
             PERIOD_S,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import cast
 
 import pytest
@@ -20,25 +19,7 @@ from workers.loop import Approval, LoopState
 from workers.messages import Message, ToolCall
 from workers.spawns import AsyncSpawnStore, SpawnRecord, SpawnStore, decode_record
 
-REDIS_URL = "redis://127.0.0.1:6379/4"
 LEASE_MS = 60_000
-
-
-@pytest.fixture
-def r() -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(REDIS_URL)
-    try:
-        client.flushdb()
-    except redis.ConnectionError as exc:
-        pytest.fail(f"no Redis at {REDIS_URL}: {exc}")
-    yield client
-    client.flushdb()
-    client.close()
-
-
-@pytest.fixture
-def store(r: redis.Redis) -> SpawnStore:
-    return SpawnStore(r)
 
 
 def _message(i: int) -> Message:
@@ -241,7 +222,9 @@ def test_fail_unheld_fails_only_a_spawn_no_attempt_holds(r: redis.Redis, store: 
     assert store.fail_unheld("missing", served=never_served, error=why) is None
 
 
-def test_the_async_store_shares_keys_and_semantics(r: redis.Redis, store: SpawnStore):
+def test_the_async_store_shares_keys_and_semantics(
+    r: redis.Redis, store: SpawnStore, spawn_redis_url: str
+):
     record = store.create(
         SpawnRecord(
             session_id="s1", persona="probe", prompt="p", state=LoopState(messages=[_message(0)])
@@ -249,7 +232,7 @@ def test_the_async_store_shares_keys_and_semantics(r: redis.Redis, store: SpawnS
     )
 
     async def attempt() -> tuple[SpawnRecord | None, list[str], bool]:
-        client = redis.asyncio.Redis.from_url(REDIS_URL)
+        client = redis.asyncio.Redis.from_url(spawn_redis_url)
         try:
             engine = AsyncSpawnStore(client)
             claimed, token = await engine.claim(record.spawn_id, LEASE_MS)
