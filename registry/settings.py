@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from registry.budget import Budget
 from registry.errors import UserError
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "RoleConfig",
     "Settings",
     "TokenGrant",
+    "env_var_of",
     "token_digest",
 ]
 
@@ -52,9 +54,21 @@ _ENV: dict[str, str] = {
     "CLICKHOUSE_URL": "clickhouse_url",
     "CLICKHOUSE_USER": "clickhouse_user",
     "CLICKHOUSE_PASSWORD": "clickhouse_password",
+    "PROMETHEUS_USER": "prometheus_user",
+    "PROMETHEUS_PASSWORD": "prometheus_password",
+    "PROMETHEUS_BEARER_TOKEN": "prometheus_bearer_token",
+    "LOKI_USER": "loki_user",
+    "LOKI_PASSWORD": "loki_password",
+    "LOKI_BEARER_TOKEN": "loki_bearer_token",
+    "LOKI_TENANT": "loki_tenant",
+    "TEMPO_USER": "tempo_user",
+    "TEMPO_PASSWORD": "tempo_password",
+    "TEMPO_BEARER_TOKEN": "tempo_bearer_token",
+    "ONGRID_BACKEND_TIMEOUT_SECONDS": "backend_timeout_seconds",
     "ONGRID_TOPOLOGY_FILE": "topology_file",
     "ONGRID_REPO_ROOT": "repo_root",
     "ONGRID_LEASE_SECONDS": "lease_seconds",
+    "ONGRID_APPROVAL_TTL_SECONDS": "approval_ttl_seconds",
     "ONGRID_SANDBOX_USER": "sandbox_user",
     "ONGRID_MODEL_RETRIES": "model_retries",
     "ONGRID_MODEL_RETRY_BASE_SECONDS": "model_retry_base_seconds",
@@ -64,6 +78,7 @@ _ENV: dict[str, str] = {
     "ONGRID_STREAM_REPLIES": "stream_replies",
     "ONGRID_METRICS_PORT": "metrics_port",
     "ONGRID_METRICS_HOST": "metrics_host",
+    "ONGRID_TOOL_TAPE": "tool_tape",
     # OpenTelemetry's own name for it, which collectors and operators already set.
     "OTEL_EXPORTER_OTLP_ENDPOINT": "otlp_endpoint",
 }
@@ -80,6 +95,15 @@ _ENV_CSV: dict[str, str] = {
 }
 
 
+def env_var_of(field: str) -> str | None:
+    """The environment variable that sets settings field ``field``, if one does."""
+    for table in (_ENV, _ENV_LISTS, _ENV_CSV):
+        found = next((var for var, name in table.items() if name == field), None)
+        if found:
+            return found
+    return None
+
+
 class RoleConfig(BaseModel):
     """What a role may see and do. ``tools`` are name patterns with ``*`` wildcards (SPEC §4)."""
 
@@ -88,6 +112,8 @@ class RoleConfig(BaseModel):
     tools: list[str] = Field(default_factory=list)
     edit_personas: bool = False
     approve: bool = False
+    #: Read the audit trail (``GET /api/v1/audit/approvals``).
+    audit: bool = False
 
 
 class TokenGrant(BaseModel):
@@ -106,7 +132,7 @@ def token_digest(token: str) -> str:
 
 def _default_roles() -> dict[str, RoleConfig]:
     return {
-        "admin": RoleConfig(tools=["*"], edit_personas=True, approve=True),
+        "admin": RoleConfig(tools=["*"], edit_personas=True, approve=True, audit=True),
         "operator": RoleConfig(tools=["*"], approve=True),
         "viewer": RoleConfig(
             tools=["query_*", "search_*", "find_*", "expand_*", "get_*", "host_probe", "read_repo"]
@@ -141,6 +167,22 @@ class Settings(BaseModel):
     clickhouse_url: str = ""
     clickhouse_user: str = ""
     clickhouse_password: str = ""
+    #: Credentials the read tools send to Prometheus, Loki and Tempo: the bearer token when
+    #: set, else basic auth with the user and password; all empty: none are sent.
+    prometheus_user: str = ""
+    prometheus_password: str = Field(default="", repr=False)
+    prometheus_bearer_token: str = Field(default="", repr=False)
+    loki_user: str = ""
+    loki_password: str = Field(default="", repr=False)
+    loki_bearer_token: str = Field(default="", repr=False)
+    #: ``X-Scope-OrgID`` of a multi-tenant Loki (one with ``auth_enabled``); empty: not sent.
+    loki_tenant: str = ""
+    tempo_user: str = ""
+    tempo_password: str = Field(default="", repr=False)
+    tempo_bearer_token: str = Field(default="", repr=False)
+    #: Seconds a read tool waits for its backend (Prometheus, Loki, Tempo, ClickHouse) before it
+    #: gives up and tells the model to ask for less.
+    backend_timeout_seconds: float = Field(default=10.0, gt=0, le=600)
     topology_file: str = ""
     knowledge_dirs: list[Path] = Field(default_factory=list)
     repo_root: str = ""
@@ -154,6 +196,9 @@ class Settings(BaseModel):
     #: How long a worker's claim on a spawn lasts unrenewed: after a worker dies, its spawns are
     #: resumed elsewhere within about this time (renewals and the reaper run faster).
     lease_seconds: float = Field(default=10.0, gt=0)
+    #: How long a tool call put to people waits for its decision; past it the call is not run
+    #: and the model is told the request expired.
+    approval_ttl_seconds: float = Field(default=3600.0, gt=0)
     #: How many times a model call that failed for a passing reason (429, 5xx, timeout, lost
     #: connection) is tried again before the spawn fails; 0: never.
     model_retries: int = Field(default=4, ge=0, le=100)
@@ -163,6 +208,10 @@ class Settings(BaseModel):
     model_retry_max_seconds: float = Field(default=30.0, ge=0)
     #: Longest run of one spawn attempt; past it the spawn is stopped and failed, saying so.
     spawn_time_limit_seconds: float = Field(default=6 * 3600, gt=0)
+    #: The organisation's default budget of every spawn (``budget:`` in the config file, e.g.
+    #: ``{max_tokens: 200000, max_cost_usd: 2}``); a persona's ``metadata.ongrid.budget`` and a
+    #: request's budget can only tighten it (see :mod:`workers.budget`).
+    budget: Budget = Field(default_factory=Budget)
     #: Threads of a worker's pool for tool calls (blocking work, off the event loop): at most
     #: this many tool calls of the process run at once; the others wait for a thread.
     tool_threads: int = Field(default=64, ge=1, le=4096)
@@ -179,6 +228,10 @@ class Settings(BaseModel):
     #: Base URL of an OTLP/HTTP collector (e.g. ``http://127.0.0.1:4318``; spans go to its
     #: ``/v1/traces``); empty: no traces are recorded, and spans cost next to nothing.
     otlp_endpoint: str = ""
+    #: ``record:<dir>``: every tool call of a worker is also written to ``<dir>``, one JSON file
+    #: per call; ``replay:<dir>``: tools do not run, each call gets the result recorded there for
+    #: the same tool and arguments (:mod:`workers.tool_tape`); empty: tools just run.
+    tool_tape: str = Field(default="", pattern=r"^((record|replay):.+)?$")
     #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
     tool_modules: list[str] = Field(default_factory=list)
     #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as

@@ -4,6 +4,7 @@ refusal of everything the guard might miss (the diagnostics user reads only ``sy
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +17,8 @@ from workers.tools import default_catalog
 from workers.tools._clickhouse_sql import SqlRefused, check_system_select, tokenize
 
 TOOL = default_catalog().get("query_clickhouse_system")
+#: Bound on waiting for the server to finish a mutation of a few rows.
+MUTATED = 60.0
 
 #: Ways past a guard that reads SQL with regular expressions (each was seen to work once).
 BYPASSES = [
@@ -197,15 +200,87 @@ def test_the_server_refuses_what_the_guard_might_miss(loaded: ClickHouse, sql: s
 def test_errors_name_their_cause(loaded: ClickHouse, settings: SimpleNamespace) -> None:
     wrong = SimpleNamespace(**{**vars(settings), "clickhouse_password": "wrong-password"})
     result = call(wrong, "SELECT 1 FROM system.one")
-    assert result.is_error and "ClickHouse answered HTTP" in result.content
-    assert "password" in result.content.lower()
+    assert result.is_error
+    assert result.content.startswith(f"ClickHouse at {loaded.url} refused the request (HTTP 401")
+    assert f"Wrong password for user {DIAG_USER}" in result.content  # the server's own words
+    assert "the credentials were refused; set CLICKHOUSE_USER / CLICKHOUSE_PASSWORD" in (
+        result.content
+    )
+    no_password = SimpleNamespace(**{**vars(settings), "clickhouse_password": ""})
+    unset = call(no_password, "SELECT 1 FROM system.one")
+    assert unset.is_error and f"Password required for user {DIAG_USER}" in unset.content
     bad = call(settings, "SELECT no_such_column FROM system.one")
-    assert bad.is_error and "no_such_column" in bad.content
+    assert bad.is_error
+    assert bad.content.startswith("ClickHouse rejected the query (HTTP 404): Code: 47")
+    assert "Unknown identifier: no_such_column" in bad.content
     down = SimpleNamespace(
         **{**vars(settings), "clickhouse_url": f"http://127.0.0.1:{free_port()}"}
     )
     unreachable = call(down, "SELECT 1 FROM system.one")
     assert unreachable.is_error and "could not reach ClickHouse" in unreachable.content
+    assert "is CLICKHOUSE_URL right?" in unreachable.content
+
+
+def test_a_slow_query_gives_up_at_the_backend_timeout(settings: SimpleNamespace) -> None:
+    impatient = SimpleNamespace(**{**vars(settings), "backend_timeout_seconds": 0.5})
+    result = call(impatient, "SELECT sleep(3) FROM system.one")
+    assert result.is_error
+    assert "did not answer within 0.5 s: ask for less" in result.content
+
+
+def _wait_mutation_done(settings: SimpleNamespace, table: str) -> str:
+    """The tool's view of ``table``'s mutations once every one of them is done."""
+    sql = f"SELECT command, is_done, parts_to_do FROM system.mutations WHERE table = '{table}'"
+    deadline = time.monotonic() + MUTATED
+    while True:
+        result = call(settings, sql)
+        assert not result.is_error, result.content
+        rows = result.content.splitlines()[1:-1]
+        if rows and all(row.split("\t")[1] == "1" for row in rows):
+            return result.content
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{MUTATED:g} s passed waiting for the mutation: {result.content}")
+        time.sleep(0.2)
+
+
+def test_a_table_and_its_mutation_as_the_diagnostics_user_sees_them(
+    loaded: ClickHouse, settings: SimpleNamespace
+) -> None:
+    table = "ongrid_orders"
+    loaded.admin(
+        f"CREATE TABLE system.{table} (d Date, id UInt64, amount UInt32) "
+        "ENGINE = MergeTree(d, id, 8192)"
+    )
+    try:
+        for month, amounts in ((1, "10, 500"), (2, "20, 30, 900"), (3, "40")):
+            values = ", ".join(
+                f"('2026-0{month}-01', {n}, {a})" for n, a in enumerate(amounts.split(", "))
+            )
+            loaded.admin(f"INSERT INTO system.{table} VALUES {values}")  # one part per month
+        parts_sql = (
+            f"SELECT partition, sum(rows) AS rows, count() AS parts FROM system.parts "
+            f"WHERE table = '{table}' AND active GROUP BY partition ORDER BY partition"
+        )
+        before = call(settings, parts_sql)
+        assert not before.is_error, before.content
+        assert before.content.splitlines() == [
+            "partition\trows\tparts",
+            "202601\t2\t1",
+            "202602\t3\t1",
+            "202603\t1\t1",
+            "(3 rows)",
+        ]
+        loaded.admin(f"ALTER TABLE system.{table} DELETE WHERE amount > 100")
+        mutations = _wait_mutation_done(settings, table)
+        assert mutations.splitlines() == [
+            "command\tis_done\tparts_to_do",
+            "DELETE WHERE amount > 100\t1\t0",
+            "(1 rows)",
+        ]
+        after = call(settings, parts_sql)
+        assert after.content.splitlines()[1:4] == ["202601\t1\t1", "202602\t2\t1", "202603\t1\t1"]
+    finally:
+        loaded.admin(f"DROP TABLE IF EXISTS system.{table}")
 
 
 def test_refused_sql_never_reaches_the_server(

@@ -16,6 +16,8 @@ from registry.tools import ToolClass, ToolContext, ToolResult, function_tool
 from workers.tools._clickhouse_sql import SqlRefused, check_system_select
 from workers.tools._common import (
     BackendError,
+    Service,
+    backend_timeout,
     build_url,
     cap_text,
     error,
@@ -29,6 +31,8 @@ __all__ = ["TOOLS", "SqlRefused", "check_system_select"]
 MAX_ROWS = 200
 MAX_CELL_CHARS = 300
 OUTPUT_CHARS = 24_000
+
+CLICKHOUSE = Service("ClickHouse", "CLICKHOUSE_URL", "CLICKHOUSE_USER / CLICKHOUSE_PASSWORD")
 
 
 def _render(payload: dict[str, Any]) -> str:
@@ -51,7 +55,7 @@ def _headers(context: ToolContext) -> dict[str, str]:
     return headers
 
 
-@function_tool(ToolClass.READ, name="query_clickhouse_system")
+@function_tool(ToolClass.READ, name="query_clickhouse_system", requires=("clickhouse_url",))
 def query_clickhouse_system(
     sql: Annotated[
         str,
@@ -59,6 +63,7 @@ def query_clickhouse_system(
             description="One SELECT over system.* tables, e.g. 'SELECT table, "
             "sum(bytes_on_disk) AS b FROM system.parts WHERE "
             "active GROUP BY table ORDER BY b DESC LIMIT 10'.",
+            min_length=1,
             max_length=20_000,
         ),
     ],
@@ -70,7 +75,8 @@ def query_clickhouse_system(
     system.processes (slow or running queries), system.errors, system.disks, system.metrics /
     system.events / system.asynchronous_metrics. Only one SELECT whose tables are all
     `system.<table>` (written qualified) is accepted; cluster('name', system.x) is allowed.
-    The result is a tab-separated table of at most 200 rows."""
+    The result is a tab-separated table of at most 200 rows; ClickHouse's own error (unknown
+    column, syntax, access) comes back verbatim."""
     base = setting(context, "clickhouse_url")
     try:
         sendable = check_system_select(sql)
@@ -87,7 +93,11 @@ def query_clickhouse_system(
     try:
         url = build_url(base, "/", {"readonly": 1})
         payload = http_json(
-            url, service="ClickHouse", body=wrapped.encode(), headers=_headers(context)
+            url,
+            service=CLICKHOUSE,
+            body=wrapped.encode(),
+            headers=_headers(context),
+            timeout=backend_timeout(context),
         )
     except BackendError as exc:
         return exc.result()

@@ -1,4 +1,11 @@
-"""Metrics, logs and traces: Prometheus (PromQL), Loki (LogQL) and Tempo (TraceQL) over HTTP."""
+"""Metrics, logs and traces: Prometheus (PromQL), Loki (LogQL) and Tempo (TraceQL) over HTTP.
+
+Each call sends the backend's credentials when they are set (``<backend>_bearer_token``, else
+``<backend>_user`` / ``_password``) and gives up after ``backend_timeout_seconds``; an error
+says what to fix: the URL setting, the credentials, or the query (the backend's own message).
+Prometheus and Loki are tested against the real servers; Tempo, which Debian does not package,
+against answers in the format of its documented ``/api/search``.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +19,9 @@ from pydantic import Field
 from registry.tools import ToolClass, ToolContext, ToolResult, function_tool
 from workers.tools._common import (
     BackendError,
+    Service,
+    auth_headers,
+    backend_timeout,
     build_url,
     cap_text,
     error,
@@ -26,10 +36,39 @@ __all__ = ["TOOLS", "render_prometheus"]
 
 MAX_SERIES = 50
 MAX_LOG_LINES = 500
+MAX_TRACES = 200
 MAX_LINE_CHARS = 500
 OUTPUT_CHARS = 16_000
+MAX_QUERY_CHARS = 10_000
 
-Since = Annotated[str, Field(description="How far back to look, as a duration: 15m, 1h, 24h, 7d.")]
+PROMETHEUS = Service(
+    "Prometheus",
+    "PROMETHEUS_URL",
+    "PROMETHEUS_USER / PROMETHEUS_PASSWORD or PROMETHEUS_BEARER_TOKEN",
+)
+LOKI = Service(
+    "Loki",
+    "LOKI_URL",
+    "LOKI_USER / LOKI_PASSWORD or LOKI_BEARER_TOKEN (and LOKI_TENANT for a multi-tenant Loki)",
+)
+TEMPO = Service("Tempo", "TEMPO_URL", "TEMPO_USER / TEMPO_PASSWORD or TEMPO_BEARER_TOKEN")
+
+_DURATION = r"[0-9]+(ms|s|m|h|d|w)"
+#: RFC 3339, unix seconds, or a duration ago: what :func:`resolve_time` passes on or resolves.
+_INSTANT = (
+    rf"^([0-9]+(\.[0-9]+)?|{_DURATION}"
+    r"|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2}))$"
+)
+
+Since = Annotated[
+    str,
+    Field(
+        description="How far back to look, as a whole number and a unit: 15m, 1h, 24h, 7d.",
+        pattern=f"^{_DURATION}$",
+    ),
+]
+_WHEN = "RFC 3339 (2024-05-01T12:00:00Z), unix seconds (1714564800) or a duration ago ('6h')"
+Instant = Annotated[str | None, Field(pattern=_INSTANT)]
 
 
 def _iso(ts: float | str) -> str:
@@ -83,6 +122,10 @@ def _prometheus_params(
         return "/api/v1/query", {"query": query, "time": resolve_time(time_) if time_ else None}
     if start is None:
         raise BackendError("a range query needs start (e.g. start='6h' for six hours ago)")
+    if time_ is not None:
+        raise BackendError(
+            "time is the instant of an instant query; a range query takes start, end and step"
+        )
     now = time.time()
     return "/api/v1/query_range", {
         "query": query,
@@ -95,39 +138,36 @@ def _prometheus_params(
 def _prometheus_payload(payload: Any) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("status") != "success":
         detail = payload.get("error") if isinstance(payload, dict) else payload
-        raise BackendError(f"Prometheus query failed: {detail}")
+        raise BackendError(f"Prometheus rejected the query: {detail}")
     return payload
 
 
-@function_tool(ToolClass.READ, name="query_promql")
+@function_tool(ToolClass.READ, name="query_promql", requires=("prometheus_url",))
 def query_promql(
     query: Annotated[
         str,
         Field(
             description="PromQL expression, e.g. "
-            "'rate(node_cpu_seconds_total{mode!=\"idle\"}[5m])'."
+            "'rate(node_cpu_seconds_total{mode!=\"idle\"}[5m])'.",
+            min_length=1,
+            max_length=MAX_QUERY_CHARS,
         ),
     ],
     context: ToolContext,
     time: Annotated[
-        str | None,
-        Field(
-            description="Instant to evaluate at: RFC 3339, unix "
-            "seconds, or a duration ago ('1h'). Default "
-            "now."
-        ),
+        Instant, Field(description=f"Instant query: when to evaluate, as {_WHEN}. Default now.")
     ] = None,
     start: Annotated[
+        Instant, Field(description=f"Range start, as {_WHEN}; makes this a range query.")
+    ] = None,
+    end: Annotated[Instant, Field(description=f"Range end, as {_WHEN}; default now.")] = None,
+    step: Annotated[
         str | None,
         Field(
-            description="Range start (RFC 3339, unix seconds or a "
-            "duration ago like '6h'); makes this a range "
-            "query."
+            description="Range resolution: a duration ('30s', '5m') or seconds ('15'); "
+            "default 60s. Prometheus refuses more than 11,000 points per series.",
+            pattern=rf"^([0-9]+(\.[0-9]+)?|{_DURATION})$",
         ),
-    ] = None,
-    end: Annotated[str | None, Field(description="Range end; default now.")] = None,
-    step: Annotated[
-        str | None, Field(description="Range resolution, e.g. '30s', '5m'; default 60s.")
     ] = None,
 ) -> ToolResult:
     """Run a PromQL query against the configured Prometheus. Without start/end/step it is an
@@ -140,10 +180,15 @@ def query_promql(
         return not_configured(
             "query_promql", "PROMETHEUS_URL", "the Prometheus base URL, e.g. http://prometheus:9090"
         )
+    timeout = backend_timeout(context)
     try:
         path, params = _prometheus_params(query, time, start, end, step)
+        # Prometheus stops evaluating when we stop waiting, rather than at its own 2 minutes.
+        params["timeout"] = f"{timeout:g}s"
+        url = build_url(base, path, params)
+        headers = auth_headers(context, "prometheus")
         payload = _prometheus_payload(
-            http_json(build_url(base, path, params), service="Prometheus")
+            http_json(url, service=PROMETHEUS, headers=headers, timeout=timeout)
         )
     except BackendError as exc:
         return exc.result()
@@ -166,6 +211,11 @@ def _render_streams(result: list[dict[str, Any]], limit: int) -> str:
     for ts, labels, line in entries[:limit]:
         compact = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         lines.append(f"{_iso(ts / 1e9)} {{{compact}}} {cap_text(line, MAX_LINE_CHARS, 'line')}")
+    if len(entries) >= limit:
+        lines.append(
+            f"[limit of {limit} lines reached: older lines in the window are not shown; "
+            f"narrow the selector, filter or since, or raise limit (at most {MAX_LOG_LINES})]"
+        )
     return "\n".join(lines)
 
 
@@ -173,14 +223,31 @@ def _loki(context: ToolContext, tool: str, query: str, since: str, limit: int) -
     base = setting(context, "loki_url")
     if not base:
         return not_configured(tool, "LOKI_URL", "the Loki base URL, e.g. http://loki:3100")
-    if to_seconds(since) is None:
+    seconds = to_seconds(since)
+    if seconds is None:
         return error(f"since={since!r} is not a duration like 15m, 1h or 7d")
-    params = {"query": query, "since": since, "limit": limit, "direction": "backward"}
+    # Explicit bounds in nanoseconds rather than Loki's `since`, whose units vary by version.
+    end = time.time_ns()
+    params = {
+        "query": query,
+        "start": end - int(seconds * 1e9),
+        "end": end,
+        "limit": limit,
+        "direction": "backward",
+    }
+    headers = auth_headers(context, "loki")
+    tenant = setting(context, "loki_tenant")
+    if tenant:
+        headers["X-Scope-OrgID"] = str(tenant)
     try:
-        payload = http_json(build_url(base, "/loki/api/v1/query_range", params), service="Loki")
+        url = build_url(base, "/loki/api/v1/query_range", params)
+        timeout = backend_timeout(context)
+        payload = http_json(url, service=LOKI, headers=headers, timeout=timeout)
     except BackendError as exc:
         return exc.result()
-    data = (payload.get("data") or {}) if isinstance(payload, dict) else {}
+    if not isinstance(payload, dict) or payload.get("status") not in (None, "success"):
+        return error(f"Loki rejected the query: {str(payload)[:2000]}")
+    data = payload.get("data") or {}
     if data.get("resultType") == "streams":
         text = _render_streams(data.get("result") or [], limit)
     else:  # a metric query (rate, count_over_time) answers like Prometheus
@@ -188,14 +255,16 @@ def _loki(context: ToolContext, tool: str, query: str, since: str, limit: int) -
     return ToolResult(content=cap_text(f"LogQL: {query}\n{text}", OUTPUT_CHARS), data=data)
 
 
-@function_tool(ToolClass.READ, name="query_logql")
+@function_tool(ToolClass.READ, name="query_logql", requires=("loki_url",))
 def query_logql(
     query: Annotated[
         str,
         Field(
             description='Full LogQL, e.g. \'{app="nginx"} |= "error"\' '
             "or 'sum by (level) (count_over_time({job="
-            '"api"}[5m]))\'.'
+            '"api"}[5m]))\'.',
+            min_length=1,
+            max_length=MAX_QUERY_CHARS,
         ),
     ],
     context: ToolContext,
@@ -220,15 +289,24 @@ def build_logql(selector: str, contains: str | None) -> str:
     return selector
 
 
-@function_tool(ToolClass.READ, name="search_logs")
+@function_tool(ToolClass.READ, name="search_logs", requires=("loki_url",))
 def search_logs(
     selector: Annotated[
-        str, Field(description='LogQL stream selector, e.g. \'{namespace="prod", app="api"}\'.')
+        str,
+        Field(
+            description='LogQL stream selector, e.g. \'{namespace="prod", app="api"}\' (the '
+            "braces may be left out).",
+            min_length=1,
+            max_length=MAX_QUERY_CHARS,
+        ),
     ],
     context: ToolContext,
     contains: Annotated[
         str | None,
-        Field(description="Keep only lines containing this exact text (case-sensitive)."),
+        Field(
+            description="Keep only lines containing this exact text (case-sensitive).",
+            max_length=MAX_QUERY_CHARS,
+        ),
     ] = None,
     since: Since = "1h",
     limit: Annotated[int, Field(ge=1, le=MAX_LOG_LINES, description="Max log lines.")] = 100,
@@ -239,7 +317,7 @@ def search_logs(
     return _loki(context, "search_logs", build_logql(selector, contains), since, limit)
 
 
-def _render_traces(traces: list[dict[str, Any]]) -> str:
+def _render_traces(traces: list[dict[str, Any]], limit: int) -> str:
     if not traces:
         return "no traces matched"
     lines = [f"{len(traces)} traces"]
@@ -251,21 +329,28 @@ def _render_traces(traces: list[dict[str, Any]]) -> str:
             f"{trace.get('rootServiceName', '?')} {trace.get('rootTraceName', '?')} "
             f"{trace.get('durationMs', '?')} ms, {matched} matching spans"
         )
+    if len(traces) >= limit:
+        lines.append(
+            f"[limit of {limit} traces reached: more may match; narrow the query or since, "
+            f"or raise limit (at most {MAX_TRACES})]"
+        )
     return "\n".join(lines)
 
 
-@function_tool(ToolClass.READ, name="query_traceql")
+@function_tool(ToolClass.READ, name="query_traceql", requires=("tempo_url",))
 def query_traceql(
     query: Annotated[
         str,
         Field(
             description='TraceQL, e.g. \'{ resource.service.name = "api" '
-            "&& status = error }' or '{ duration > 2s }'."
+            "&& status = error }' or '{ duration > 2s }'.",
+            min_length=1,
+            max_length=MAX_QUERY_CHARS,
         ),
     ],
     context: ToolContext,
     since: Since = "1h",
-    limit: Annotated[int, Field(ge=1, le=200, description="Max traces.")] = 20,
+    limit: Annotated[int, Field(ge=1, le=MAX_TRACES, description="Max traces.")] = 20,
 ) -> ToolResult:
     """Search traces in the configured Tempo with TraceQL over the last `since`. Returns one
     line per trace: trace id, start time, root service and operation, duration and how many
@@ -281,11 +366,15 @@ def query_traceql(
     now = int(time.time())
     params = {"q": query, "limit": limit, "start": now - int(seconds), "end": now}
     try:
-        payload = http_json(build_url(base, "/api/search", params), service="Tempo")
+        url = build_url(base, "/api/search", params)
+        headers = auth_headers(context, "tempo")
+        timeout = backend_timeout(context)
+        payload = http_json(url, service=TEMPO, headers=headers, timeout=timeout)
     except BackendError as exc:
         return exc.result()
     traces = (payload.get("traces") or []) if isinstance(payload, dict) else []
-    return ToolResult(content=cap_text(_render_traces(traces), OUTPUT_CHARS), data=payload)
+    text = _render_traces(traces, limit)
+    return ToolResult(content=cap_text(text, OUTPUT_CHARS), data=payload)
 
 
 TOOLS = (query_promql, query_logql, search_logs, query_traceql)
