@@ -225,6 +225,108 @@ def bag(name: str, role: str | None, as_json: bool) -> None:
         _out.print(f"[yellow]dropped[/] {d.name}: {d.reason}")
 
 
+# -- lint --------------------------------------------------------------------------------------
+
+
+class _CannotLint(click.ClickException):
+    """Lint did not run (settings that do not load, a tool module that does not import): exit
+    2, so that 1 always means findings."""
+
+    exit_code = 2
+
+
+def _print_findings(findings: list[Any]) -> None:
+    """One line per finding, under a heading per persona (or per file that did not load)."""
+    from rich.markup import escape
+
+    groups: dict[tuple[str, str, str], list[Any]] = {}
+    for f in findings:
+        groups.setdefault((f.persona, f.source, f.path), []).append(f)
+    for (persona, source, path), items in groups.items():
+        title = (
+            f"[bold]{escape(persona)}[/] ({escape(source)}, {escape(path)})"
+            if persona
+            else (f"[bold]{escape(path)}[/]")
+        )
+        _out.print(title, markup=True)
+        for f in items:
+            hint = f" [dim]→ {escape(f.hint)}[/]" if f.hint else ""
+            _out.print(f"  [yellow]{f.kind.value}[/] {escape(f.reason)}{hint}", markup=True)
+
+
+def _lint_summary(findings: list[Any], skipped_config: bool) -> str:
+    from registry.lint import FindingKind
+    from registry.settings import env_var_of
+
+    if not findings:
+        return "no findings" + (" (missing_config left out)" if skipped_config else "")
+    personas = {f.persona for f in findings if f.persona}
+    text = f"{len(findings)} finding(s) in {len(personas)} persona(s)"
+    loads = sum(f.kind is FindingKind.LOAD for f in findings)
+    if loads:
+        text += f", {loads} load problem(s)"
+    unset = sorted({f.subject for f in findings if f.kind is FindingKind.MISSING_CONFIG})
+    if unset:
+        config = sum(f.kind is FindingKind.MISSING_CONFIG for f in findings)
+        share = "all" if config == len(findings) else str(config)
+        names = ", ".join(env_var_of(key) or key for key in unset)
+        text += (
+            f"; {share} of them come from settings unset here ({names}), not from the persona "
+            "files: --skip-config leaves them out"
+        )
+    return text
+
+
+@agents.command()
+@click.option("--role", default=None, help="Lint the bags of this role only (default: every role).")
+@click.option(
+    "--agents-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Read disk personas from this directory instead of agents_dir (ONGRID_AGENTS_DIR).",
+)
+@click.option(
+    "--skip-config",
+    is_flag=True,
+    help="Leave out missing_config, the findings that come from settings unset on this host "
+    "(e.g. when checking persona files in CI).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def lint(role: str | None, agents_dir: Path | None, skip_config: bool, as_json: bool) -> None:
+    """Lint the personas as the runtime loads them: whitelisted tools that do not exist,
+    patterns that match nothing, tools a persona's own mode or blacklist keeps out, bags left
+    empty, catalog lines (first line of when_to_use) that collide, and settings the tools of a
+    bag need but that are unset here. Files that did not load are findings too.
+
+    Exit 1 when there is any finding, 0 when there is none, 2 on a usage error or when the
+    lint could not run.
+    """
+    from registry.lint import FindingKind
+    from registry.lint import lint as lint_personas
+    from workers.tools import default_catalog
+
+    try:
+        settings = Settings.load()
+        catalog = default_catalog(settings.tool_modules)
+    except OngridError as exc:
+        raise _CannotLint(str(exc)) from None
+    if role is not None and role not in settings.roles:
+        raise click.BadParameter(
+            f"unknown role {role!r}; known: {', '.join(settings.roles)}", param_hint="--role"
+        )
+    if agents_dir is not None:
+        settings = settings.model_copy(update={"agents_dir": agents_dir})
+    findings = lint_personas(_current_snapshot(settings), catalog, settings, role)
+    if skip_config:
+        findings = [f for f in findings if f.kind is not FindingKind.MISSING_CONFIG]
+    if as_json:
+        _emit_json({"role": role, "findings": [f.as_dict() for f in findings]})
+    else:
+        _print_findings(findings)
+        _out.print(_lint_summary(findings, skip_config))
+    sys.exit(1 if findings else 0)
+
+
 # -- import ------------------------------------------------------------------------------------
 
 

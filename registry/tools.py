@@ -97,6 +97,10 @@ class BaseTool(ABC):
     #: Safe to run again with the same call id after a crash (the loop re-runs it rather than
     #: reporting "outcome unknown"). Only tools that make repeats harmless set this.
     idempotent: bool = False
+    #: Settings the tool cannot work without (fields of ``registry.settings.Settings``, or
+    #: ``extra`` keys): while one is unset the tool answers "not configured", and
+    #: ``ongrid agents lint`` names it for every persona whose bag holds the tool.
+    requires: tuple[str, ...] = ()
 
     @property
     def parameters(self) -> dict[str, Any]:
@@ -171,6 +175,7 @@ class FunctionTool(BaseTool):
         tool_class: ToolClass,
         args_model: type[BaseModel],
         wants_context: bool,
+        requires: tuple[str, ...] = (),
     ) -> None:
         self.func = func
         self.name = name
@@ -178,6 +183,7 @@ class FunctionTool(BaseTool):
         self.tool_class = tool_class
         self.args_model = args_model
         self._wants_context = wants_context
+        self.requires = requires
 
     def run(self, arguments: BaseModel, context: ToolContext) -> ToolResult:
         kwargs = {k: getattr(arguments, k) for k in type(arguments).model_fields}
@@ -188,11 +194,15 @@ class FunctionTool(BaseTool):
 
 
 def function_tool(
-    tool_class: ToolClass | str = ToolClass.READ, *, name: str | None = None
+    tool_class: ToolClass | str = ToolClass.READ,
+    *,
+    name: str | None = None,
+    requires: Iterable[str] = (),
 ) -> Callable[[Callable[..., Any]], FunctionTool]:
     """Turn a typed function into a tool; the schema comes from its signature, the text from its
     docstring. A parameter named ``context`` receives the :class:`ToolContext` and is not shown to
     the model. Parameters may use ``typing.Annotated[..., pydantic.Field(description=...)]``.
+    ``requires`` names the settings the tool needs (:attr:`BaseTool.requires`).
     """
 
     def decorate(func: Callable[..., Any]) -> FunctionTool:
@@ -215,6 +225,7 @@ def function_tool(
             tool_class=ToolClass(tool_class),
             args_model=model,
             wants_context=wants_context,
+            requires=tuple(requires),
         )
 
     return decorate

@@ -31,6 +31,7 @@ from coordinator.api.schemas import (
 from coordinator.catalog import COORDINATOR
 from coordinator.storage.personas import PersonaBusy, PersonaExists
 from registry.errors import FieldProblem, NotFoundError, PersonaError
+from registry.lint import lint
 from registry.parser import dump_persona, parse_persona, read_document
 from registry.persona import Persona, Source
 from workers.reload import broadcast_reload
@@ -104,8 +105,10 @@ def list_agents(who: Caller, svc: Svc) -> list[dict[str, Any]]:
 
 @router.get("/api/v1/agents/warnings", response_model=list[WarningOut], responses=_errors())
 def warnings(who: Caller, svc: Svc) -> list[dict[str, str]]:
-    """Every load problem: the file (or database row) and why it was not loaded."""
-    return [w.as_dict() for w in svc.snapshot().warnings]
+    """Every load problem (`kind` `load`: the file or database row and why it was not loaded),
+    then the lint findings of each persona, as `ongrid agents lint` reports them for every role:
+    `missing_config` names settings unset on this API process."""
+    return [f.as_dict() for f in lint(svc.snapshot(), svc.catalog, svc.settings)]
 
 
 @router.post("/api/v1/agents/reload", response_model=ReloadOut, responses=_errors(403))

@@ -148,6 +148,150 @@ def test_bag_errors_name_what_is_known(runner, monkeypatch):
     assert unknown_role.exit_code == 1 and "unknown role 'root'" in unknown_role.output
 
 
+# -- lint ------------------------------------------------------------------------------------
+
+
+#: The settings every tool of the standard catalog needs, unset: lint must not see the host's.
+_BACKENDS = (
+    "PROMETHEUS_URL",
+    "LOKI_URL",
+    "TEMPO_URL",
+    "CLICKHOUSE_URL",
+    "ONGRID_TOPOLOGY_FILE",
+    "ONGRID_KNOWLEDGE_DIRS",
+    "ONGRID_REPO_ROOT",
+)
+
+
+def _lint_env(tmp_path: Path, **extra: str | None) -> dict[str, str | None]:
+    """A site of its own: no shipped personas, an empty marketplace, a data dir in tmp."""
+    (tmp_path / "market").mkdir(exist_ok=True)
+    env: dict[str, str | None] = {var: None for var in _BACKENDS}
+    env |= {
+        "ONGRID_CONFIG": None,
+        "ONGRID_AGENTS_EXTERNAL_DIRS": None,
+        "ONGRID_SHIPPED_AGENTS": "false",
+        "ONGRID_MARKETPLACE_ROOT": str(tmp_path / "market"),
+        "ONGRID_DATA_DIR": str(tmp_path / "data"),
+        # The builtin generalist inherits every tool: with these set it lints clean.
+        **{var: "http://127.0.0.1:9" for var in _BACKENDS},
+        "ONGRID_KNOWLEDGE_DIRS": str(tmp_path),
+        "ONGRID_TOPOLOGY_FILE": str(tmp_path / "topology.yaml"),
+        "ONGRID_REPO_ROOT": str(tmp_path),
+    }
+    return env | extra
+
+
+def _lint(runner: CliRunner, agents: Path, *args: str, env: dict[str, str | None]):
+    return runner.invoke(
+        main,
+        ["agents", "lint", "--agents-dir", str(agents), *args],
+        env=env,
+        catch_exceptions=False,
+    )
+
+
+def _agent(directory: Path, name: str, hint: str, tools: str) -> None:
+    directory.mkdir(exist_ok=True)
+    (directory / f"{name}.md").write_text(
+        f"---\nname: {name}\ndescription: The {name}.\nwhen_to_use: {hint}\n"
+        f"tools: {tools}\n---\n# {name}\n"
+    )
+
+
+def test_lint_exits_0_on_a_clean_directory(runner, tmp_path):
+    agents = tmp_path / "agents"
+    _agent(agents, "disk_checker", "When disks fill up.", "host_probe, bash")
+    _agent(agents, "metrics_reader", "When a dashboard looks wrong.", "query_promql")
+    result = _lint(runner, agents, env=_lint_env(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "no findings"
+    as_json = _lint(runner, agents, "--json", env=_lint_env(tmp_path))
+    assert as_json.exit_code == 0 and json.loads(as_json.output) == {"role": None, "findings": []}
+
+
+def test_lint_json_lists_each_finding_and_exits_1(runner, tmp_path):
+    agents = tmp_path / "agents"
+    _agent(agents, "disk_checker", "When disks fill up.", "host_probe, host_prob")
+    _agent(agents, "disk_watcher", "When DISKS fill up!", "host_probe")
+    (agents / "broken.md").write_text("no frontmatter\n")
+    result = _lint(runner, agents, "--json", env=_lint_env(tmp_path))
+    assert result.exit_code == 1
+    out = json.loads(result.output)
+    assert out["role"] is None
+    assert [(f["kind"], f["persona"], f["subject"]) for f in out["findings"]] == [
+        ("load", "", ""),
+        ("unknown_tool", "disk_checker", "host_prob"),
+        ("when_to_use_collision", "disk_checker", "disk_watcher"),
+        ("when_to_use_collision", "disk_watcher", "disk_checker"),
+    ]
+    load, unknown = out["findings"][:2]
+    assert load["path"] == str(agents / "broken.md") and "frontmatter" in load["reason"]
+    assert set(unknown) == {"kind", "persona", "source", "path", "subject", "reason", "hint"}
+    assert unknown["source"] == "disk" and unknown["path"] == str(agents / "disk_checker.md")
+    assert unknown["hint"] == "did you mean 'host_probe'?"
+
+
+def test_lint_human_output_groups_by_persona_and_names_unset_settings(runner, tmp_path):
+    agents = tmp_path / "agents"
+    _agent(agents, "timid", "When a service must restart.", "host_probe, host_restart_service")
+    env = _lint_env(tmp_path, PROMETHEUS_URL=None)
+    result = _lint(runner, agents, "--role", "admin", env=env)
+    assert result.exit_code == 1
+    lines = result.output.splitlines()
+    # The builtin generalist inherits query_promql; timid lists a write tool it may not run.
+    assert lines[0] == "generalist (builtin, builtin:generalist)"
+    assert lines[1].startswith("  missing_config query_promql needs setting prometheus_url")
+    assert lines[2] == f"timid (disk, {agents / 'timid.md'})"
+    assert lines[3].startswith("  dropped_tool tools lists 'host_restart_service', of class write")
+    assert lines[-1] == (
+        "2 finding(s) in 2 persona(s); 1 of them come from settings unset here (PROMETHEUS_URL), "
+        "not from the persona files: --skip-config leaves them out"
+    )
+    skipped = _lint(runner, agents, "--skip-config", "--json", env=env)
+    assert [f["kind"] for f in json.loads(skipped.output)["findings"]] == ["dropped_tool"]
+
+
+def test_lint_role_narrows_the_bags(runner, tmp_path):
+    agents = tmp_path / "agents"
+    _agent(agents, "sheller", "When a command must run.", "bash")
+    assert _lint(runner, agents, env=_lint_env(tmp_path)).exit_code == 0
+    viewer = _lint(runner, agents, "--role", "viewer", "--json", env=_lint_env(tmp_path))
+    assert viewer.exit_code == 1
+    out = json.loads(viewer.output)
+    assert out["role"] == "viewer"
+    assert [(f["kind"], f["persona"]) for f in out["findings"]] == [("no_tools", "sheller")]
+
+
+def test_lint_usage_errors_exit_2(runner, tmp_path):
+    agents = tmp_path / "agents"
+    agents.mkdir()
+    env = _lint_env(tmp_path)
+    role = _lint(runner, agents, "--role", "root", env=env)
+    assert role.exit_code == 2 and "unknown role 'root'; known: admin" in role.output
+    missing = _lint(runner, tmp_path / "nowhere", env=env)
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    (tmp_path / "bad.yaml").write_text("roles: [\n")
+    config = _lint(
+        runner, agents, env=_lint_env(tmp_path, ONGRID_CONFIG=str(tmp_path / "bad.yaml"))
+    )
+    assert config.exit_code == 2 and "is not valid YAML" in config.output
+
+
+def test_shipped_personas_lint_clean_but_for_settings_unset_here(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    env = _lint_env(tmp_path, ONGRID_SHIPPED_AGENTS=None, **{var: None for var in _BACKENDS})
+    full = runner.invoke(main, ["agents", "lint", "--json"], env=env, catch_exceptions=False)
+    assert full.exit_code == 1
+    kinds = {f["kind"] for f in json.loads(full.output)["findings"]}
+    assert kinds == {"missing_config", "pattern_matches_nothing"}
+    # The reviewer's `*_skill` keeps out skill tools, none of which is installed here.
+    rest = runner.invoke(main, ["agents", "lint", "--skip-config", "--json"], env=env)
+    assert rest.exit_code == 1, rest.output
+    left = [(f["persona"], f["subject"]) for f in json.loads(rest.output)["findings"]]
+    assert left == [("reviewer", "*_skill")]
+
+
 def test_import_writes_valid_personas_and_reports(runner, tmp_path):
     src = tmp_path / "src"
     src.mkdir()

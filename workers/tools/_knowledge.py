@@ -200,7 +200,11 @@ def _search(
     return ToolResult(content="\n\n".join(blocks), data=results)
 
 
-query_knowledge = function_tool(ToolClass.READ, name="query_knowledge")(_search)
-search_knowledge = function_tool(ToolClass.READ, name="search_knowledge")(_search)
+query_knowledge = function_tool(
+    ToolClass.READ, name="query_knowledge", requires=("knowledge_dirs",)
+)(_search)
+search_knowledge = function_tool(
+    ToolClass.READ, name="search_knowledge", requires=("knowledge_dirs",)
+)(_search)
 
 TOOLS = (query_knowledge, search_knowledge)

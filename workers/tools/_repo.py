@@ -108,7 +108,7 @@ def _read_file(real: str, shown_as: str, start_line: int, max_lines: int) -> Too
     )
 
 
-@function_tool(ToolClass.READ, name="read_repo")
+@function_tool(ToolClass.READ, name="read_repo", requires=("repo_root",))
 def read_repo(
     path: Annotated[
         str,

@@ -103,7 +103,7 @@ def _listing(nodes: list[dict[str, Any]], what: str) -> ToolResult:
     return ToolResult(content=text, data=nodes)
 
 
-@function_tool(ToolClass.READ, name="find_topology_node")
+@function_tool(ToolClass.READ, name="find_topology_node", requires=("topology_file",))
 def find_topology_node(
     query: Annotated[
         str,
@@ -160,7 +160,7 @@ def _walk(topo: Topology, start: str, depth: int, direction: str) -> dict[str, A
     return {"root": start, "direction": direction, "depth": depth, "nodes": nodes, "edges": edges}
 
 
-@function_tool(ToolClass.READ, name="expand_topology")
+@function_tool(ToolClass.READ, name="expand_topology", requires=("topology_file",))
 def expand_topology(
     node_id: Annotated[str, Field(description="Node id (or exact name) to start from.")],
     context: ToolContext,
@@ -193,7 +193,7 @@ def _has_label(node: dict[str, Any], label: str) -> bool:
     return key in labels and (not eq or labels[key] == value.strip().lower())
 
 
-@function_tool(ToolClass.READ, name="query_devices")
+@function_tool(ToolClass.READ, name="query_devices", requires=("topology_file",))
 def query_devices(
     context: ToolContext,
     kind: Annotated[
