@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "COMPARE_AND_DELETE",
     "COMPARE_AND_PEXPIRE",
+    "EXPIRED_APPROVALS",
     "EXPIRED_LEASES",
     "FORGET_EXPIRED",
     "LEASE_DEADLINE",
@@ -101,8 +102,17 @@ return 0
 EXPIRED_LEASES = (
     _NOW_MS + "return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])}"
 )
-#: KEYS: lease deadlines. ARGV: a time (ms), then spawn ids: each is removed if its deadline is
-#: still at or before that time (a claim or a renewal since then moved it: it stays).
+#: KEYS: approval deadlines. ARGV: how many at most. Returns Redis time (unix seconds, as a
+#: string: Lua numbers reach the client as integers), then the members whose deadline has
+#: passed, earliest first.
+EXPIRED_APPROVALS = """
+local t = redis.call('TIME')
+local now = string.format('%d.%06d', t[1], t[2])
+return {now, redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, ARGV[1])}
+"""
+#: KEYS: lease (or approval) deadlines. ARGV: a time (ms; seconds for approvals), then members:
+#: each is removed if its deadline is still at or before that time (a claim, a renewal or a
+#: new request since then moved it: it stays).
 FORGET_EXPIRED = """
 local removed = 0
 for i = 2, #ARGV do

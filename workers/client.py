@@ -15,11 +15,14 @@ import redis
 from celery import Celery
 
 from registry.agent_registry import AgentRegistry, Snapshot
+from registry.budget import Budget
 from registry.defaults import build_registry
 from registry.errors import NotFoundError, UserError, WorkerDraining
 from registry.settings import Settings
 from registry.template import check_context
 from workers import tracing
+from workers.approvals import ApprovalFeed
+from workers.budget import SpawnBudget
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, SPAWN_TASK, make_celery
 from workers.consumers import NoConsumer, live_consumers
 from workers.events import EventBus
@@ -75,6 +78,7 @@ class SpawnClient:
         self.redis = redis.Redis.from_url(settings.redis_url or DEFAULT_REDIS_URL)
         self.store = SpawnStore(self.redis)
         self.bus = EventBus(self.redis)
+        self.approvals = ApprovalFeed(self.redis)
         self.registry = registry if registry is not None else build_registry(settings)
 
     def snapshot(self) -> Snapshot:
@@ -93,8 +97,14 @@ class SpawnClient:
         reason: str = "",
         queue: str | None = None,
         require_consumer: bool = True,
+        budget: Budget | None = None,
+        budget_cap: Budget | None = None,
     ) -> SpawnRecord:
         """Enqueue a spawn. Unknown persona or role: :class:`UserError` naming what exists.
+
+        ``budget`` is the request's (:mod:`workers.budget`); ``budget_cap`` what the spawn that
+        dispatches this one has left for it. The spawn runs within the tightest of those, the
+        organisation's and its persona's, resolved when it starts.
 
         With ``spawn_id``, spawning is idempotent: a spawn of that id that exists already is
         returned as it is (a resumed coordinator re-attaches to the specialist it started).
@@ -135,6 +145,7 @@ class SpawnClient:
             queue=queue,
             reason=reason,
             spawn_id=spawn_id or uuid.uuid4().hex,
+            budget=SpawnBudget(requested=budget or Budget(), inherited=budget_cap or Budget()),
             # The span current here (the API request, or the coordinator's tool call) is the
             # parent of the spawn's: one trace from the request down to every child spawn.
             trace=tracing.inject(),
@@ -290,18 +301,23 @@ class SpawnClient:
             self.store.save_unfenced(record)
             enqueue(self.settings, record)
 
-    def decide(self, spawn_id: str, call_id: str, user: str, approve: bool) -> SpawnRecord:
-        """Record a person's decision on a call that waits for confirmation; the decision that
-        settles the call (a denial, or the last approval it needs) resumes the spawn.
+    def decide(
+        self, spawn_id: str, call_id: str, user: str, approve: bool, args_hash: str
+    ) -> tuple[SpawnRecord, bool]:
+        """Record a person's decision on a call that waits for confirmation, naming the
+        ``args_hash`` of its request; the decision that settles the call (a denial, or the last
+        approval it needs) resumes the spawn. Returns the record and whether it settled.
 
         Atomic (:meth:`SpawnStore.decide`): concurrent decisions are each recorded or refused,
-        never lost, and exactly one of them enqueues the spawn. Refused with
-        :class:`~workers.spawns.NotWaiting` or :class:`~workers.spawns.AlreadyDecided`.
+        never lost, and exactly one of them enqueues the spawn. Each recorded decision is
+        published on the approval feed. Refused with a
+        :class:`~workers.spawns.DecisionRefused` saying why.
         """
-        record, settled = self.store.decide(spawn_id, call_id, user, approve)
+        record, settled = self.store.decide(spawn_id, call_id, user, approve, args_hash)
         if settled:
             enqueue(self.settings, record)
-        return record
+        self.approvals.decided(record, call_id, "approved" if approve else "denied", user)
+        return record, settled
 
 
 def _settled(record: SpawnRecord) -> bool:

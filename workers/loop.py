@@ -20,15 +20,24 @@ for in one turn run concurrently when each of them only reads (tool class ``read
 confirmation, not started before): their write-ahead marks are one checkpoint, their results are
 reported in the order the model gave. Any other mix runs in order, one call at a time, as a
 write may depend on what came before it.
+
+A call that needs people's confirmation parks the spawn (outcome ``interrupted``) with an
+:class:`Approval` in the state, bound by :func:`approval_hash` to exactly that spawn, call, tool
+and arguments, and with a deadline. The deciding side settles it (approved, denied, or expired
+undecided) and resumes the spawn; the model then gets the call's result, or a tool result that
+says it was denied or expired.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -39,6 +48,7 @@ from workers.messages import (
     ConfirmationRequired,
     Event,
     Message,
+    Requester,
     TextDelta,
     ToolCall,
     ToolCallEvent,
@@ -47,7 +57,35 @@ from workers.messages import (
 )
 from workers.model import Model, ModelReply, ModelRequest, ToolSpec
 
-__all__ = ["Approval", "LoopSetup", "LoopState", "Outcome", "run_loop", "system_reminder_message"]
+__all__ = [
+    "Approval",
+    "LoopSetup",
+    "LoopState",
+    "Outcome",
+    "approval_hash",
+    "run_loop",
+    "system_reminder_message",
+]
+
+#: How long a confirmation request waits for a decision unless the worker says otherwise.
+DEFAULT_APPROVAL_TTL = 3600.0
+
+
+def approval_hash(spawn_id: str, call: ToolCall) -> str:
+    """The hex SHA-256 that binds an approval to exactly this spawn, call, tool and arguments.
+
+    Over canonical JSON (sorted keys, no white space, ASCII) of ``[spawn_id, call id, tool name,
+    arguments]``, the arguments parsed, so the hash does not depend on how the model spaced or
+    ordered them; arguments that are not JSON are bound as their text.
+    """
+    try:
+        arguments: Any = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError:
+        arguments = call.arguments
+    canonical = json.dumps(
+        [spawn_id, call.id, call.name, arguments], sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class Approval(BaseModel):
@@ -58,6 +96,21 @@ class Approval(BaseModel):
     #: Different people who must approve (2 for a destructive call): the deciding side resumes
     #: the spawn once that many have, or one has denied it.
     needed: int = 1
+    #: :func:`approval_hash` of the call: a decision must name it. Empty in states saved before
+    #: approvals were bound to their arguments.
+    args_hash: str = ""
+    requested_by: Requester = Field(default_factory=Requester)
+    #: Unix time after which no decision is taken; 0: never.
+    expires_at: float = 0.0
+    #: The deadline passed undecided: the call is settled and is not run.
+    expired: bool = False
+
+    @property
+    def settled(self) -> bool:
+        """Denied, expired, or approved by as many different people as the call needs."""
+        return (
+            self.expired or self.denied_by is not None or len(set(self.approved_by)) >= self.needed
+        )
 
 
 class LoopState(BaseModel):
@@ -109,6 +162,15 @@ class LoopSetup:
     stream: Callable[[], Awaitable[bool]] | None = None
     """Asked before each model call whether to stream its text (someone watches the session);
     ``None``: always stream."""
+    persona: str = ""
+    """The persona's name: with the tool context's user and role, who requests a confirmation."""
+    approval_ttl_seconds: float = DEFAULT_APPROVAL_TTL
+    """How long a confirmation request waits for its decision before it expires."""
+    announce: Callable[[ConfirmationRequired, int], Awaitable[None]] | None = None
+    """Called with each new confirmation request and its event index before the checkpoint
+    that records it (a worker tells the approvers and files the deadline)."""
+    clock: Callable[[], float] = time.time
+    """Unix time, for the deadline of a confirmation request."""
 
 
 #: (event, spawn-local index) → None, without blocking. The index lets the sink drop replays
@@ -155,10 +217,13 @@ class _Run:
         # (7 % of a worker's loop when rebuilt every turn, measured).
         self._tools = _tool_specs(setup.bag)
 
-    def emit(self, event_type: type, **fields: object) -> None:
+    def emit(self, event_type: type, **fields: object) -> tuple[Any, int]:
+        """Build and sink one event; returns it with its spawn-local index."""
         event = event_type(session_id=self.setup.session_id, spawn_id=self.setup.spawn_id, **fields)
-        self._sink(event, self.state.event_index)
+        index = self.state.event_index
+        self._sink(event, index)
         self.state.event_index += 1
+        return event, index
 
     async def checkpoint(self) -> None:
         await self._save(self.state)
@@ -275,33 +340,71 @@ class _Run:
         entry = self.setup.bag.entry(call.name)
         if entry is None or entry.confirmation is Confirmation.NONE:
             return None
-        approval = self.state.approvals.get(call.id, Approval())
         needed = 2 if entry.confirmation is Confirmation.DUAL else 1
-        approval.needed = needed
-        if approval.denied_by is not None or len(set(approval.approved_by)) >= needed:
-            return None
-        if call.id not in self.state.approvals:
-            self.state.approvals[call.id] = approval
-            self.emit(
-                ConfirmationRequired,
-                call_id=call.id,
-                name=call.name,
-                arguments=call.arguments,
-                confirmation=entry.confirmation.value,
-            )
-            await self.checkpoint()
+        approval = self.state.approvals.get(call.id)
+        if approval is None:
+            await self._request(call, entry.confirmation, needed)
+        else:
+            approval.needed = needed
+            if approval.settled:
+                return None
         return Outcome(
             "interrupted", f"{call.name} needs confirmation ({entry.confirmation})", call
         )
+
+    async def _request(self, call: ToolCall, confirmation: Confirmation, needed: int) -> None:
+        """Put ``call`` to people: its approval entry, the request event, the checkpoint."""
+        context = self.setup.tool_context
+        approval = Approval(
+            needed=needed,
+            args_hash=approval_hash(self.setup.spawn_id, call),
+            requested_by=Requester(
+                user=context.user, role=context.role, persona=self.setup.persona
+            ),
+            expires_at=self.setup.clock() + self.setup.approval_ttl_seconds,
+        )
+        self.state.approvals[call.id] = approval
+        event, index = self.emit(
+            ConfirmationRequired,
+            call_id=call.id,
+            name=call.name,
+            arguments=call.arguments,
+            confirmation=confirmation.value,
+            args_hash=approval.args_hash,
+            requested_by=approval.requested_by,
+            expires_at=approval.expires_at,
+            needed=needed,
+        )
+        if self.setup.announce is not None:
+            await self.setup.announce(event, index)
+        await self.checkpoint()
+
+    def _refusal(self, call: ToolCall) -> str | None:
+        """Why a call put to people is not run (denied, expired, approved for other
+        arguments); ``None`` when it may run."""
+        approval = self.state.approvals.get(call.id)
+        if approval is None:
+            return None
+        if approval.denied_by is not None:
+            return f"the call was denied by {approval.denied_by}; do not retry it"
+        if approval.expired:
+            when = datetime.fromtimestamp(approval.expires_at, UTC).isoformat(timespec="seconds")
+            return (
+                f"the approval request expired undecided at {when}; the call was not run. "
+                "Ask for it again only if it is still needed"
+            )
+        if approval.args_hash and approval.args_hash != approval_hash(self.setup.spawn_id, call):
+            return "the approval was given for other arguments; the call was not run"
+        return None
 
     async def _execute(self, call: ToolCall) -> tuple[str, bool]:
         entry = self.setup.bag.entry(call.name)
         if entry is None:
             names = ", ".join(self.setup.bag.names()) or "none"
             return f"tool {call.name!r} is not in your tool bag; available: {names}", True
-        approval = self.state.approvals.get(call.id)
-        if approval is not None and approval.denied_by is not None:
-            return f"the call was denied by {approval.denied_by}; do not retry it", True
+        refused = self._refusal(call)
+        if refused is not None:
+            return refused, True
         try:
             raw = json.loads(call.arguments or "{}")
         except json.JSONDecodeError as exc:

@@ -14,9 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 __all__ = [
     "EVENT_ADAPTER",
     "AgentTile",
+    "ApprovalDecided",
     "ConfirmationRequired",
     "Event",
     "Message",
+    "Requester",
     "TaskNotification",
     "TextDelta",
     "ToolCall",
@@ -110,12 +112,51 @@ class ToolResultEvent(_Envelope):
     is_error: bool = False
 
 
+class Requester(BaseModel):
+    """Whose spawn asks for a confirmation: its user, that user's role, and the persona."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str = ""
+    role: str = ""
+    persona: str = ""
+
+
 class ConfirmationRequired(_Envelope):
+    """A tool call waits for people's approval; a decision names ``args_hash``, which binds it
+    to exactly this spawn, call, tool and arguments."""
+
     type: Literal["confirmation_required"] = "confirmation_required"
     call_id: str
     name: str
     arguments: str
     confirmation: Literal["once", "dual"]
+    #: :func:`workers.loop.approval_hash` of the call (hex SHA-256).
+    args_hash: str = ""
+    requested_by: Requester = Field(default_factory=Requester)
+    #: Unix time after which the call is not run: the model is told it expired undecided.
+    expires_at: float = 0.0
+    #: Approvals from different people the call needs (2: a destructive call).
+    needed: int = 1
+
+
+class ApprovalDecided(_Envelope):
+    """A decision on a call that waited for confirmation, or its expiry (the approval feed)."""
+
+    type: Literal["approval_decided"] = "approval_decided"
+    call_id: str
+    name: str
+    args_hash: str
+    decision: Literal["approved", "denied", "expired"]
+    #: Who decided; empty for an expiry.
+    by: str = ""
+    #: The user whose spawn it is.
+    owner: str = ""
+    #: Who approved so far, and how many approvals the call needs.
+    approved_by: list[str] = Field(default_factory=list)
+    needed: int = 1
+    #: Whether the call is settled by it (the spawn resumes).
+    settled: bool = False
 
 
 class TaskNotification(_Envelope):
@@ -124,6 +165,9 @@ class TaskNotification(_Envelope):
     persona: str = ""
     message: str = ""
     usage: Usage = Field(default_factory=Usage)
+    #: The budget limit that stopped the spawn (``ok``: ``message`` then holds its partial
+    #: answer); ``None``: no limit did.
+    budget_reached: Literal["tokens", "cost", "time", "tool_calls"] | None = None
 
 
 Event = Annotated[
@@ -132,6 +176,7 @@ Event = Annotated[
     | ToolCallEvent
     | ToolResultEvent
     | ConfirmationRequired
+    | ApprovalDecided
     | TaskNotification,
     Field(discriminator="type"),
 ]

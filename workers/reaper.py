@@ -15,6 +15,13 @@ attempt's claim moves its deadline, and if no attempt claims the spawn (its mess
 the attempt failed before its claim) it is enqueued again a lease later, instead of being left
 ``running`` forever. Entries of spawns that are not running any more, or no longer exist, are
 removed, each only if its deadline has not moved since it was read.
+
+The leader also sweeps the approval deadlines (:attr:`SpawnStore.approval_deadlines_key`): a
+confirmation request whose deadline has passed undecided while its spawn waits is settled as
+expired (:meth:`SpawnStore.expire_approval`), the spawn enqueued, and ``on_expired`` told (the
+approval feed); the model then gets a tool result saying the request expired. Nobody has to
+look at the spawn for that to happen. An entry is dropped only after its enqueue, so a leader
+that dies in between leaves it to the next one, which enqueues the spawn again.
 """
 
 from __future__ import annotations
@@ -29,10 +36,11 @@ import redis
 from workers._spawn_scripts import (
     COMPARE_AND_DELETE,
     COMPARE_AND_PEXPIRE,
+    EXPIRED_APPROVALS,
     EXPIRED_LEASES,
     FORGET_EXPIRED,
 )
-from workers.spawns import SpawnRecord, SpawnStore, decode_record
+from workers.spawns import SpawnRecord, SpawnStore, decode_record, parse_deadline_member
 
 __all__ = ["ELECTION_PERIODS", "REAP_BATCH", "Reaper"]
 
@@ -48,7 +56,9 @@ class Reaper:
     """The reaper thread of one worker; it reaps only while it is the elected leader.
 
     ``requeue(record)`` enqueues a spawn again (the record comes without its messages);
-    ``on_resumed(spawn_id)`` is called after each enqueue.
+    ``on_resumed(spawn_id)`` is called after each enqueue of a spawn whose worker was lost;
+    ``on_expired(record, call_id)`` after each enqueue of a spawn whose confirmation request
+    expired.
     """
 
     def __init__(
@@ -60,15 +70,17 @@ class Reaper:
         period_s: float,
         requeue: Callable[[SpawnRecord], None],
         on_resumed: Callable[[str], None] | None = None,
+        on_expired: Callable[[SpawnRecord, str], object] | None = None,
     ) -> None:
         self.store, self.r, self.worker_id = store, redis_client, worker_id
         self.lease_ms, self.period_s = lease_ms, period_s
-        self.requeue, self.on_resumed = requeue, on_resumed
+        self.requeue, self.on_resumed, self.on_expired = requeue, on_resumed, on_expired
         self.election_key = f"{store.prefix}reaper"
         self._election_ms = int(period_s * 1000 * ELECTION_PERIODS)
         self._extend = redis_client.register_script(COMPARE_AND_PEXPIRE)
         self._resign = redis_client.register_script(COMPARE_AND_DELETE)
         self._expired = redis_client.register_script(EXPIRED_LEASES)
+        self._expired_approvals = redis_client.register_script(EXPIRED_APPROVALS)
         self._forget = redis_client.register_script(FORGET_EXPIRED)
         self._leader = threading.Event()
         self._stop = threading.Event()
@@ -95,11 +107,11 @@ class Reaper:
         self._leader.clear()
 
     def tick(self) -> int:
-        """One period's work: keep or seek the leadership, and reap if leading. Returns how
-        many spawns were enqueued again."""
+        """One period's work: keep or seek the leadership, and reap and sweep if leading.
+        Returns how many spawns were enqueued again (lost workers, expired requests)."""
         if not self._elect():
             return 0
-        return self._reap()
+        return self._reap() + self._expire_approvals()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -146,6 +158,44 @@ class Reaper:
         if done:
             self._forget(keys=[self.store.leases_key], args=[now, *done])
         return resumed
+
+    def _expire_approvals(self) -> int:
+        """Settle the confirmation requests whose deadline passed; how many were enqueued."""
+        deadlines = self.store.approval_deadlines_key
+        now, members = self._expired_approvals(keys=[deadlines], args=[REAP_BATCH])
+        done, enqueued = [], 0
+        for member in members:
+            spawn_id, call_id = parse_deadline_member(member)
+            outcome, record = self.store.expire_approval(spawn_id, call_id, float(now))
+            if outcome == "keep":
+                continue
+            if record is not None and outcome in ("expired", "requeue"):
+                if not self._enqueue_expired(record, call_id, fresh=outcome == "expired"):
+                    continue  # the entry stays: the next period enqueues it again
+                enqueued += 1
+            done.append(member)
+        if done:
+            self._forget(keys=[deadlines], args=[now, *done])
+        return enqueued
+
+    def _enqueue_expired(self, record: SpawnRecord, call_id: str, *, fresh: bool) -> bool:
+        if fresh:
+            log.info(
+                "spawn %s: the request for call %r expired undecided", record.spawn_id, call_id
+            )
+        try:
+            self.requeue(record)
+        except Exception:  # noqa: BLE001 - the next period tries again; others still get swept
+            log.exception("spawn %s could not be enqueued after its expiry", record.spawn_id)
+            return False
+        if fresh and self.on_expired is not None:
+            try:
+                self.on_expired(record, call_id)
+            except Exception:  # noqa: BLE001 - the spawn resumes; only the notice is lost
+                log.exception(
+                    "spawn %s: the expiry of %r was not announced", record.spawn_id, call_id
+                )
+        return True
 
     def _resume(self, spawn_id: str, raw: Any) -> int | None:
         """Enqueue the spawn again if it runs without a worker. Returns 1 if enqueued, 0 if not

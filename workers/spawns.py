@@ -19,6 +19,11 @@ so hosts with skewed clocks agree), so the one elected reaper (:mod:`workers.rea
 the expired ones, and a process renews all its leases in one call
 (:meth:`SpawnStore.renew_all`). The lease key with its TTL stays the fence; the set is an index.
 
+Approval deadlines are indexed the same way (:attr:`_Keys.approval_deadlines_key`, score: the
+request's ``expires_at`` in unix seconds, member: :func:`deadline_member`): the worker files a
+call's deadline before the checkpoint that records the request, and the elected reaper settles
+the requests found expired undecided (:meth:`SpawnStore.expire_approval`).
+
 :class:`SpawnStore` is the blocking store, :class:`AsyncSpawnStore` the engine's; both use the
 same scripts and the same serialization.
 """
@@ -36,8 +41,17 @@ import redis.asyncio
 from pydantic import BaseModel, Field, PrivateAttr, TypeAdapter
 
 from registry.errors import LeaseLost, NotFoundError
-from workers._decisions import AlreadyDecided, DecisionRefused, NotWaiting, apply_decision
+from workers._decisions import (
+    AlreadyDecided,
+    DecisionRefused,
+    Expired,
+    HashMismatch,
+    NotWaiting,
+    Replayed,
+    apply_decision,
+)
 from workers._spawn_scripts import LEASE_DEADLINE, RELEASE, RENEW_ALL, SAVE
+from workers.budget import SpawnBudget
 from workers.loop import LoopState
 from workers.messages import Message
 
@@ -45,11 +59,17 @@ __all__ = [
     "AlreadyDecided",
     "AsyncSpawnStore",
     "DecisionRefused",
+    "Expired",
+    "ExpiryOutcome",
+    "HashMismatch",
     "LeaseLost",
     "NotWaiting",
+    "Replayed",
     "SpawnRecord",
     "SpawnStatus",
     "SpawnStore",
+    "deadline_member",
+    "parse_deadline_member",
 ]
 
 SpawnStatus = Literal["queued", "running", "waiting", "ok", "failed", "cancelled"]
@@ -60,6 +80,28 @@ UNHELD_STATUSES = frozenset({"queued", "running"})
 CLAIM_TRIES = 32
 DECIDE_TRIES = 32
 FAIL_TRIES = 8
+EXPIRE_TRIES = 8
+#: What :meth:`SpawnStore.expire_approval` did with one deadline entry: ``expired`` (settled it
+#: now: enqueue the spawn), ``requeue`` (settled by an earlier sweep that may have died before
+#: its enqueue: enqueue again), ``forget`` (nothing left to expire: drop the entry), ``keep``
+#: (not yet: the spawn runs, or the deadline moved).
+ExpiryOutcome = Literal["expired", "requeue", "forget", "keep"]
+
+
+def deadline_member(spawn_id: str, call_id: str) -> str:
+    """The member of the approval deadlines set for one call (call ids may hold any text)."""
+    return json.dumps([spawn_id, call_id])
+
+
+def parse_deadline_member(member: bytes | str) -> tuple[str, str]:
+    spawn_id, call_id = json.loads(member)
+    return str(spawn_id), str(call_id)
+
+
+def _redis_seconds(reply: Any) -> float:
+    """``TIME``'s reply (seconds, microseconds) as unix seconds."""
+    seconds, micros = reply
+    return int(seconds) + int(micros) / 1_000_000
 
 
 class SpawnRecord(BaseModel):
@@ -86,6 +128,8 @@ class SpawnRecord(BaseModel):
     #: spawn: its spans, on whichever worker runs it, belong to that request's trace.
     trace: dict[str, str] = Field(default_factory=dict)
     state: LoopState | None = None
+    #: Its budget: asked for, resolved at the first attempt, spent (:mod:`workers.budget`).
+    budget: SpawnBudget = Field(default_factory=SpawnBudget)
     result: str = ""
     error: str = ""
     created: float = Field(default_factory=time.time)
@@ -182,6 +226,12 @@ class _Keys:
     def leases_key(self) -> str:
         """The sorted set of lease deadlines: member spawn id, score Redis time in ms."""
         return f"{self.prefix}leases"
+
+    @property
+    def approval_deadlines_key(self) -> str:
+        """The sorted set of approval deadlines: member :func:`deadline_member`, score the
+        request's ``expires_at`` (unix seconds)."""
+        return f"{self.prefix}approvals:deadlines"
 
     def _queue_write(self, pipe: Any, record: SpawnRecord) -> None:
         """Queue the write of ``record`` and of the messages its list lacks on a ``MULTI``
@@ -401,17 +451,18 @@ class SpawnStore(_Keys):
         return None
 
     def decide(
-        self, spawn_id: str, call_id: str, user: str, approve: bool
+        self, spawn_id: str, call_id: str, user: str, approve: bool, args_hash: str
     ) -> tuple[SpawnRecord, bool]:
-        """Record ``user``'s decision on ``call_id`` in one transaction.
+        """Record ``user``'s decision on ``call_id``, naming its ``args_hash``, in one
+        transaction.
 
         Returns the record as it now stands, without its messages, and whether this decision
         settled the call (the spawn is then ``queued`` and the caller enqueues it). The record
         is read, changed and written under ``WATCH``: a concurrent write (another decision, a
         cancel, a worker's claim) makes the write fail and the decision is applied again to
         what that writer left, so concurrent decisions are all recorded or refused, never lost,
-        and exactly one of them settles the call. Refusals: :class:`NotWaiting`,
-        :class:`AlreadyDecided`.
+        and exactly one of them settles the call. Expiry is judged by the Redis server's clock.
+        Refusals: the :class:`DecisionRefused` family (:mod:`workers._decisions`).
         """
         key = self._key(spawn_id)
         with self.r.pipeline() as pipe:
@@ -421,17 +472,63 @@ class SpawnStore(_Keys):
                     raw = cast("bytes | None", pipe.get(key))
                     if not raw:
                         raise NotFoundError("spawn", spawn_id)
+                    now = _redis_seconds(pipe.time())
                     record = decode_record(raw)
-                    if not apply_decision(record, call_id, user, approve):
-                        return record, False  # a repeat of this person's decision
+                    settled = apply_decision(record, call_id, user, approve, args_hash, now)
                     record.updated = time.time()
                     pipe.multi()
                     self._queue_write(pipe, record)
                     pipe.execute()
-                    return record, record.status == "queued"
+                    return record, settled
                 except redis.WatchError:
                     continue  # someone else wrote the record meanwhile: decide on what they left
         raise redis.WatchError(f"spawn {spawn_id}: the record kept changing during a decision")
+
+    def expire_approval(
+        self, spawn_id: str, call_id: str, now: float
+    ) -> tuple[ExpiryOutcome, SpawnRecord | None]:
+        """Settle ``call_id``'s request as expired if, at unix time ``now`` (the Redis server's),
+        its deadline has passed undecided while the spawn waits on it: ``queued`` in one
+        transaction (a decision at the same moment either wins or is refused as expired).
+
+        Returns the :data:`ExpiryOutcome` and the record (without its messages) for
+        ``expired`` and ``requeue``. The caller enqueues the spawn for those two, and drops the
+        deadline entry only after the enqueue, so a sweep that dies in between is repeated.
+        """
+        key = self._key(spawn_id)
+        with self.r.pipeline() as pipe:
+            for _ in range(EXPIRE_TRIES):
+                try:
+                    pipe.watch(key)
+                    raw = cast("bytes | None", pipe.get(key))
+                    record = decode_record(raw) if raw else None
+                    outcome = _expiry(record, call_id, now)
+                    if outcome != "expired" or record is None:
+                        return outcome, record
+                    record.updated = time.time()
+                    pipe.multi()
+                    self._queue_write(pipe, record)
+                    pipe.execute()
+                    return outcome, record
+                except redis.WatchError:
+                    continue  # decided, claimed or cancelled meanwhile: look again
+        return "keep", None
+
+
+def _expiry(record: SpawnRecord | None, call_id: str, now: float) -> ExpiryOutcome:
+    """What the sweep does with ``call_id``'s deadline entry; marks ``record`` for ``expired``."""
+    approval = record.state.approvals.get(call_id) if record and record.state else None
+    if record is None or approval is None or record.finished:
+        return "forget"
+    if approval.expired:
+        return "requeue" if record.status == "queued" else "forget"
+    if approval.settled:
+        return "forget"
+    if not approval.expires_at or approval.expires_at > now or record.status != "waiting":
+        return "keep"  # running (about to park, or resumed after a crash): looked at again
+    approval.expired = True
+    record.status = "queued"
+    return "expired"
 
 
 # -- the engine's store -----------------------------------------------------------------------
@@ -510,3 +607,8 @@ class AsyncSpawnStore(_Keys):
 
     async def cancel_requested(self, spawn_id: str) -> bool:
         return bool(await self.r.exists(self.cancel_key(spawn_id)))
+
+    async def file_deadline(self, spawn_id: str, call_id: str, expires_at: float) -> None:
+        """Index the deadline of a confirmation request, for the sweep that expires it."""
+        member = deadline_member(spawn_id, call_id)
+        await self.r.zadd(self.approval_deadlines_key, {member: expires_at})

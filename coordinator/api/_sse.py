@@ -47,12 +47,16 @@ async def follow(
     until: Callable[[Event], bool] | None = None,
     idle: float | None = None,
     on_event: Callable[[Event], Awaitable[None]] | None = None,
+    keep: Callable[[Event], bool] | None = None,
+    bus_type: type[EventBus] = EventBus,
 ) -> AsyncIterator[bytes]:
     """SSE messages for the session's events after ``after``, live, until ``stop`` is set, an
     event satisfies ``until``, or (with ``idle``) nothing came for ``idle`` seconds.
-    ``on_event`` runs before an event is sent (e.g. to store a final answer first)."""
+    ``on_event`` runs before an event is sent (e.g. to store a final answer first); an event
+    ``keep`` rejects is not sent. ``bus_type``: the bus the events are on (a session's, or a
+    feed of its own such as the approval feed)."""
     aclient = redis.asyncio.Redis.from_url(redis_url)
-    bus = EventBus(client, async_client=aclient)
+    bus = bus_type(client, async_client=aclient)
     last, quiet_since = after, time.monotonic()
     try:
         while not stop.is_set():
@@ -64,7 +68,10 @@ async def follow(
             events = bus.asubscribe(session_id, last, stop=stop, timeout=wait, until=until)
             async with aclosing(cast(AsyncGenerator[Event, None], events)) as stream:
                 async for event in stream:
-                    last, quiet_since = event.seq, time.monotonic()
+                    last = event.seq
+                    if keep is not None and not keep(event):
+                        continue
+                    quiet_since = time.monotonic()
                     if on_event is not None:
                         await on_event(event)
                     yield sse_message(event)

@@ -17,11 +17,13 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from coordinator.api import agents, chat, health, skills, spawns
+from coordinator.api import agents, approvals, chat, health, skills, spawns
 from coordinator.api.deps import Services
 from coordinator.api.docs import install_docs
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
 from coordinator.api.metrics import install_metrics
+from coordinator.audit_follower import AuditFollower
+from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
 from coordinator.storage.personas import GuardedUserStore, SqlUserStore
@@ -68,6 +70,7 @@ def build_services(settings: Settings) -> Services:
     registry = build_registry(settings, users)
     # Spawns are checked against the registry that holds the user personas.
     client = SpawnClient(settings, registry=registry)
+    audit = AuditStore(database.engine)
     return Services(
         settings=settings,
         database=database,
@@ -80,6 +83,8 @@ def build_services(settings: Settings) -> Services:
         probe=redis.Redis.from_url(
             url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
         ),
+        audit=audit,
+        audit_follower=AuditFollower(client.approvals, audit, database),
     )
 
 
@@ -90,6 +95,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services.audit_follower.start()
         yield
         services.close()
         scrape_client.close()
@@ -113,7 +119,8 @@ def create_app(settings: Settings) -> FastAPI:
     scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)
     for module in (chat, spawns, agents, skills, health):
         app.include_router(module.router)
-    app.include_router(spawns.approvals_router)
+    app.include_router(approvals.router)
+    app.include_router(approvals.audit_router)
     return app
 
 

@@ -16,7 +16,9 @@ import redis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from coordinator.audit_follower import AuditFollower
 from coordinator.auth import Principal, authenticate, require
+from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatSession, ChatStore
 from coordinator.storage.engine import Database
 from coordinator.storage.personas import GuardedUserStore
@@ -29,6 +31,8 @@ from workers.client import SpawnClient
 from workers.reload import RegistryFollower
 
 __all__ = [
+    "Approver",
+    "Auditor",
     "Caller",
     "Editor",
     "Services",
@@ -54,6 +58,9 @@ class Services:
     catalog: ToolCatalog
     #: A Redis client with short timeouts, for the readiness probe.
     probe: redis.Redis
+    #: The audit trail of approvals, and what copies the approval feed into it.
+    audit: AuditStore
+    audit_follower: AuditFollower
 
     @property
     def redis_url(self) -> str:
@@ -65,6 +72,7 @@ class Services:
         return self.registry.snapshot()
 
     def close(self) -> None:
+        self.audit_follower.stop()
         self.client.redis.close()
         self.probe.close()
         self.database.engine.dispose()
@@ -106,8 +114,15 @@ def approver(principal: Caller) -> Principal:
     return principal
 
 
+def auditor(principal: Caller) -> Principal:
+    """A caller whose role may read the audit trail (403 otherwise)."""
+    require(principal, "audit")
+    return principal
+
+
 Editor = Annotated[Principal, Depends(editor)]
 Approver = Annotated[Principal, Depends(approver)]
+Auditor = Annotated[Principal, Depends(auditor)]
 
 
 def snapshot(svc: Svc) -> Snapshot:

@@ -16,7 +16,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model,
 from pydantic.fields import FieldInfo
 
 from coordinator.storage.personas import MAX_NAME_LENGTH
+from registry.budget import Budget
 from registry.errors import PersonaError
+from registry.lint import FindingKind
 from registry.parser import check_bounds
 from registry.persona import FILE_FIELDS, NAME_PATTERN, Persona, Source
 from registry.policy import Confirmation
@@ -28,13 +30,14 @@ from registry.template import (
 )
 from registry.tools import ToolClass
 from workers.loop import Approval
-from workers.messages import Message, ToolCall, Usage
+from workers.messages import Message, Requester, ToolCall, Usage
 from workers.spawns import SpawnStatus
 
 __all__ = [
     "RESPONSE_ONLY_FIELDS",
     "AgentChange",
     "AgentOut",
+    "AuditEntryOut",
     "CancelOut",
     "ChatIn",
     "DecisionIn",
@@ -94,6 +97,10 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_bounded), AfterValidator(
 _CONTEXT_DESCRIPTION = (
     "Values for the persona's `initial_prompt` template "
     f"(at most {MAX_CONTEXT_DEPTH} levels deep, {MAX_CONTEXT_BYTES} bytes as JSON)."
+)
+_BUDGET_DESCRIPTION = (
+    "Limits on the turn's spawn (tokens, cost, seconds, tool calls); they can only tighten the "
+    "organisation's and the persona's. A coordinator's covers the specialists it dispatches."
 )
 #: A spawn context: bounded in depth and size before anything walks it recursively.
 ContextObject = Annotated[
@@ -158,6 +165,7 @@ class ChatIn(_Request):
         description="Spawn this persona directly instead of letting the coordinator pick one.",
     )
     context: ContextObject = Field(default_factory=dict, description=_CONTEXT_DESCRIPTION)
+    budget: Budget | None = Field(default=None, description=_BUDGET_DESCRIPTION)
 
 
 class MessageIn(_Request):
@@ -166,6 +174,7 @@ class MessageIn(_Request):
     content: Text = Field(min_length=1, description="The user's message.")
     agent: AgentName | None = Field(default=None, description="Spawn this persona directly.")
     context: ContextObject = Field(default_factory=dict, description=_CONTEXT_DESCRIPTION)
+    budget: Budget | None = Field(default=None, description=_BUDGET_DESCRIPTION)
 
 
 class SessionOut(BaseModel):
@@ -244,6 +253,12 @@ class TranscriptOut(BaseModel):
 
 class DecisionIn(_Request):
     call_id: Text = Field(min_length=1, description="The `call_id` of `confirmation_required`.")
+    args_hash: Text = Field(
+        min_length=1,
+        max_length=128,
+        description="The `args_hash` of `confirmation_required`: the decision binds to exactly "
+        "that call's tool and arguments, and is refused (409 `hash_mismatch`) for any other.",
+    )
     approve: bool
 
 
@@ -252,6 +267,11 @@ class DecisionOut(BaseModel):
     status: SpawnStatus
     approvals: dict[str, Approval]
     call: ToolCall = Field(description="The call decided on: tool name and arguments.")
+    args_hash: str = Field(description="The hash the decision was bound to.")
+    settled: bool = Field(description="Whether this decision settled the call: the spawn resumes.")
+    approved_by: list[str] = Field(description="Who approved the call so far.")
+    needed: int = Field(description="Approvals from different people the call needs.")
+    message: str = Field(description="What happens next, e.g. that a second signer is needed.")
 
 
 class PendingApprovalOut(BaseModel):
@@ -262,7 +282,27 @@ class PendingApprovalOut(BaseModel):
     owner: str = Field(description="The user whose spawn it is.")
     persona: str
     call: ToolCall = Field(description="Tool name and the arguments it will run with.")
+    args_hash: str = Field(description="What a decision must name (`DecisionIn.args_hash`).")
+    requested_by: Requester = Field(description="The spawn's user, their role, the persona.")
+    expires_at: float = Field(description="Unix time after which no decision is taken; 0: never.")
     approved_by: list[str] = Field(description="Who approved it so far (dual sign-off).")
+    needed: int = Field(description="Approvals from different people it needs (2: destructive).")
+
+
+class AuditEntryOut(BaseModel):
+    """One row of the approvals' audit trail."""
+
+    id: int
+    at: datetime
+    spawn_id: str
+    session_id: str
+    call_id: str
+    tool: str
+    args_hash: str = Field(description="The hash requested or decided on (as sent, if refused).")
+    actor: str = Field(description="Who acted: the requester, the decider; empty for an expiry.")
+    role: str = Field(description="The actor's role.")
+    action: Literal["requested", "approved", "denied", "expired", "refused"]
+    outcome: str = Field(description="What came of it; for a refusal, the code and the reason.")
 
 
 # -- agents ------------------------------------------------------------------------------------
@@ -419,8 +459,17 @@ RESPONSE_ONLY_FIELDS = frozenset(AgentChange.model_fields) - frozenset(PersonaIn
 
 
 class WarningOut(BaseModel):
+    """A load problem (kind ``load``) or a lint finding of a persona (``ongrid agents lint``)."""
+
     path: str
     reason: str
+    kind: FindingKind = Field(default=FindingKind.LOAD, description="What the finding is about.")
+    persona: str = Field(default="", description="The persona; empty for a file not loaded.")
+    source: str = Field(default="", description="The persona's source: builtin, disk or user.")
+    subject: str = Field(
+        default="", description="The tool, pattern, other persona or setting it is about."
+    )
+    hint: str = Field(default="", description="What to do about it.")
 
 
 class ReloadOut(BaseModel):

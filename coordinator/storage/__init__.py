@@ -4,7 +4,8 @@
   :func:`~coordinator.storage.engine.upgrade` (Alembic, ``migrations/``);
 - :mod:`~coordinator.storage.personas`: user personas (the store behind the registry's
   ``UserStore`` protocol);
-- :mod:`~coordinator.storage.chats`: chat sessions and messages.
+- :mod:`~coordinator.storage.chats`: chat sessions and messages;
+- :mod:`~coordinator.storage.audit`: the audit trail of approvals.
 
 :mod:`registry` declares the store protocol and never imports this package.
 """
@@ -13,10 +14,11 @@ from __future__ import annotations
 
 from sqlalchemy import MetaData
 
+from coordinator.storage.audit import AUDIT_METADATA
 from coordinator.storage.chats import CHAT_METADATA
 from coordinator.storage.personas import AGENTS_METADATA
 
 __all__ = ["TARGET_METADATA"]
 
 #: Everything the migrations manage.
-TARGET_METADATA: list[MetaData] = [AGENTS_METADATA, CHAT_METADATA]
+TARGET_METADATA: list[MetaData] = [AGENTS_METADATA, CHAT_METADATA, AUDIT_METADATA]

@@ -32,7 +32,7 @@ from postgres import fresh_database
 from coordinator.api import create_app
 from coordinator.storage.engine import make_engine, upgrade
 from registry.settings import Settings, TokenGrant, token_digest
-from workers.loop import Approval, LoopState
+from workers.loop import Approval, LoopState, approval_hash
 from workers.messages import Message, ToolCall
 from workers.spawns import SpawnRecord
 from workers.testing.fake_openai import start_subprocess
@@ -427,7 +427,10 @@ def test_auth_rules(api: Api):
         viewer.patch("/v1/agents/custom/generalist", json={"description": "x"}),
         viewer.delete("/v1/agents/custom/generalist"),
         viewer.post("/api/v1/agents/reload"),
-        viewer.post("/api/v1/spawns/abc/decisions", json={"call_id": "c", "approve": True}),
+        viewer.post(
+            "/api/v1/spawns/abc/decisions",
+            json={"call_id": "c", "args_hash": "h", "approve": True},
+        ),
     ):
         assert response.status_code == 403, response.text
         assert "viewer" in error_of(response)["message"]
@@ -460,6 +463,7 @@ def test_another_users_session_and_spawn_are_404(api: Api):
 def _waiting_spawn(api: Api, owner: str) -> SpawnRecord:
     """A spawn of ``owner`` parked on a write call, as a worker leaves it."""
     call = ToolCall(id="call_restart_1", name="host_restart_service", arguments='{"unit": "nginx"}')
+    record_id = uuid.uuid4().hex
     record = SpawnRecord(
         session_id=uuid.uuid4().hex,
         persona="restarter",
@@ -469,8 +473,9 @@ def _waiting_spawn(api: Api, owner: str) -> SpawnRecord:
         state=LoopState(
             messages=[Message(role="assistant", content="", tool_calls=[call])],
             pending=[call],
-            approvals={call.id: Approval()},
+            approvals={call.id: Approval(args_hash=approval_hash(record_id, call))},
         ),
+        spawn_id=record_id,
     )
     api.services.client.store.create(record)
     return record
@@ -487,14 +492,15 @@ def approvers_api(site: Site, redis_db: redis.Redis) -> Iterator[Api]:
 def test_only_the_owner_and_their_approvers_see_and_decide(approvers_api: Api):
     record = _waiting_spawn(approvers_api, "alice")
     url = f"/api/v1/spawns/{record.spawn_id}"
-    decision = {"call_id": "call_restart_1", "approve": True}
+    args_hash = approval_hash(record.spawn_id, record.state.pending[0])  # type: ignore[union-attr]
+    decision = {"call_id": "call_restart_1", "args_hash": args_hash, "approve": True}
     dave = approvers_api.client("dave")
     missing = dave.post("/api/v1/spawns/no-such-spawn/decisions", json=decision)
     assert missing.status_code == 404
     for response in (  # every way in answers like a spawn that does not exist
         dave.get(url),
         dave.post(f"{url}/decisions", json=decision),
-        dave.post(f"{url}/decisions", json={"call_id": "guess", "approve": True}),
+        dave.post(f"{url}/decisions", json={**decision, "call_id": "guess"}),
     ):
         assert response.status_code == 404, response.text
         assert error_of(response)["code"] == "not_found"
@@ -711,8 +717,29 @@ def test_warnings_and_reload(api: Api, site: Site, redis_db: redis.Redis):
     assert reloaded.json()["registry_version"] == int(redis_db.get("ongrid:registry:version"))
     assert client.get("/api/v1/agents/late_arrival").json()["source"] == "disk"
     warnings = client.get("/api/v1/agents/warnings").json()
-    assert [w["path"] for w in warnings] == [str(site.agents / "broken.md")]
-    assert "frontmatter" in warnings[0]["reason"]
+    loads = [w for w in warnings if w["kind"] == "load"]
+    assert [w["path"] for w in loads] == [str(site.agents / "broken.md")]
+    assert "frontmatter" in loads[0]["reason"] and warnings[0] == loads[0]
+
+
+def test_warnings_hold_the_lint_findings_by_kind(api: Api, site: Site):
+    typo_path = site.persona("typo", tools=["host_probe", "query_promq"])
+    site.persona("disk_twin", tools=["host_probe"], when_to_use="When disks fill up.")
+    site.persona("disk_copy", tools=["host_probe"], when_to_use="when disks FILL up!")
+    api.client().post("/api/v1/agents/reload").raise_for_status()
+    warnings = api.client("bob").get("/api/v1/agents/warnings").json()  # any caller may read
+    by_persona: dict[str, list[tuple[str, str]]] = {}
+    for w in warnings:
+        by_persona.setdefault(w["persona"], []).append((w["kind"], w["subject"]))
+    assert by_persona["typo"] == [("unknown_tool", "query_promq")]
+    assert by_persona["disk_twin"] == [("when_to_use_collision", "disk_copy")]
+    assert by_persona["disk_copy"] == [("when_to_use_collision", "disk_twin")]
+    [typo] = [w for w in warnings if w["persona"] == "typo"]
+    assert typo["path"] == str(typo_path) and typo["source"] == "disk"
+    assert typo["hint"] == "did you mean 'query_promql'?" and "query_promq" in typo["reason"]
+    # The site's settings name no Prometheus: the shipped disk_specialist cannot query it.
+    assert ("missing_config", "prometheus_url") in by_persona["disk_specialist"]
+    assert "" not in by_persona  # no load problem
 
 
 def test_a_reload_broadcast_elsewhere_reaches_this_api(api: Api, site: Site):
@@ -947,7 +974,11 @@ def test_decisions_need_the_approve_permission_and_resume_the_spawn(
         spawn_id = response.headers["x-spawn-id"]
         events = sse(response)
         asking = next(e for e in events if e["event"] == "confirmation_required")["data"]
-        decision = {"call_id": asking["call_id"], "approve": False}
+        decision = {
+            "call_id": asking["call_id"],
+            "args_hash": asking["args_hash"],
+            "approve": False,
+        }
         url = f"/api/v1/spawns/{spawn_id}/decisions"
         wait_for(
             lambda: client.get(f"/api/v1/spawns/{spawn_id}").json()["status"] == "waiting",
@@ -955,7 +986,7 @@ def test_decisions_need_the_approve_permission_and_resume_the_spawn(
             "the spawn to wait for a decision",
         )
         assert spawning.client("bob").post(url, json=decision).status_code == 403
-        wrong = client.post(url, json={"call_id": "nope", "approve": False})
+        wrong = client.post(url, json={**decision, "call_id": "nope"})
         assert wrong.status_code == 409 and error_of(wrong)["details"]["status"] == "waiting"
         denied = client.post(url, json=decision)
         assert denied.status_code == 200, denied.text

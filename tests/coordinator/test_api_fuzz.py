@@ -2,8 +2,8 @@
 
 Every non-streaming operation gets generated requests (valid and invalid) as an admin; no
 response may be a 5xx, and every response must match the document (status code, content type,
-body schema). The SSE endpoints (chat turns and the session event stream) are left out: their
-responses are streams that end only when a turn does.
+body schema). The SSE endpoints (chat turns, the session event stream, the approval feed) are
+left out: their responses are streams that end only when a turn does, or never.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from workers.consumers import QueueAdvertiser
 
 REDIS_URL = "redis://127.0.0.1:6379/11"
 TOKEN = "fuzz-admin-token-00000001"
-STREAMING = r"^/api/v1/chat(/sessions/[^/]+/(messages|events))?$"
+STREAMING = r"^/api/v1/(chat(/sessions/[^/]+/(messages|events))?|approvals/events)$"
 #: Examples per operation and generation mode: bounded so the whole run takes well under 2 min.
 EXAMPLES = 25
 CHECKS = [

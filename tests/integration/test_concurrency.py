@@ -219,13 +219,14 @@ def decisions_api(cluster: Cluster, tmp_path: Path) -> Iterator[ApiServer]:
     server.close()
 
 
-def _parked(cluster: Cluster, persona: str, prompt: str) -> tuple[str, str]:
-    """Spawn ``persona`` for alice; once it waits, its id and the id of the call it waits on."""
+def _parked(cluster: Cluster, persona: str, prompt: str) -> tuple[str, str, str]:
+    """Spawn ``persona`` for alice; once it waits, its id, and the id and hash of the call it
+    waits on."""
     record = cluster.client.spawn(persona, prompt, user="alice")
     waiting = cluster.client.wait(record.spawn_id, timeout=60)
     assert waiting.status == "waiting", waiting.error
     (asked,) = [e for e in cluster.history(record.session_id) if e.type == "confirmation_required"]
-    return record.spawn_id, asked.call_id
+    return record.spawn_id, asked.call_id, asked.args_hash
 
 
 def test_two_approvals_of_a_dual_call_at_once_are_both_recorded_and_resume_it_once(
@@ -234,14 +235,12 @@ def test_two_approvals_of_a_dual_call_at_once_are_both_recorded_and_resume_it_on
     cluster.persona("wiper", tools=["wipe_thing"], permission_mode="dual-sign-required")
     cluster.fake.script([call("wipe_thing", {"thing": "tmp"}, turn=0), final("Wiped.", turn=1)])
     cluster.start_worker()
-    spawn_id, call_id = _parked(cluster, "wiper", "Wipe /tmp on db1.")
+    spawn_id, call_id, args_hash = _parked(cluster, "wiper", "Wipe /tmp on db1.")
     alice, carol = decisions_api.clients(2)
+    decision = {"call_id": call_id, "args_hash": args_hash, "approve": True}
 
     responses = _race(
-        2,
-        lambda i: (alice, carol)[i].post(
-            f"/api/v1/spawns/{spawn_id}/decisions", json={"call_id": call_id, "approve": True}
-        ),
+        2, lambda i: (alice, carol)[i].post(f"/api/v1/spawns/{spawn_id}/decisions", json=decision)
     )
 
     assert [r.status_code for r in responses] == [200, 200], [r.text for r in responses]
@@ -261,13 +260,14 @@ def test_an_approval_and_a_denial_at_once_the_first_stands_and_the_other_is_409(
     cluster.persona("fixer", tools=["restart_thing"], permission_mode="mutating-with-confirm")
     cluster.fake.script([call("restart_thing", turn=0), final("Done.", turn=1)])
     cluster.start_worker()
-    spawn_id, call_id = _parked(cluster, "fixer", "Restart the stuck exporter on db1.")
+    spawn_id, call_id, args_hash = _parked(cluster, "fixer", "Restart the stuck exporter on db1.")
     alice, carol = decisions_api.clients(2)
 
     responses = _race(
         2,
         lambda i: (alice, carol)[i].post(
-            f"/api/v1/spawns/{spawn_id}/decisions", json={"call_id": call_id, "approve": i == 0}
+            f"/api/v1/spawns/{spawn_id}/decisions",
+            json={"call_id": call_id, "args_hash": args_hash, "approve": i == 0},
         ),
     )
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from harness import Cluster, call, final
 
-from registry.errors import UserError
+from workers.spawns import Replayed
 
 PROMPT = "Restart the stuck exporter on db1."
 
@@ -39,7 +39,7 @@ def test_write_call_waits_for_one_approval_then_runs_once(cluster: Cluster):
         "restart_thing": "once",
     }
 
-    cluster.client.decide(record.spawn_id, "call_0_0", "alice", approve=True)
+    cluster.client.decide(record.spawn_id, "call_0_0", "alice", True, asked.args_hash)
     done = cluster.client.wait(record.spawn_id, timeout=60)
 
     assert done.status == "ok", done.error
@@ -49,8 +49,8 @@ def test_write_call_waits_for_one_approval_then_runs_once(cluster: Cluster):
     events = cluster.history(record.session_id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert Counter(e.type for e in events)["task_notification"] == 1
-    with pytest.raises(UserError, match="is not waiting for a decision on 'call_0_0'"):
-        cluster.client.decide(record.spawn_id, "call_0_0", "alice", approve=True)
+    with pytest.raises(Replayed, match="alice already decided call 'call_0_0'"):
+        cluster.client.decide(record.spawn_id, "call_0_0", "alice", True, asked.args_hash)
 
 
 def test_destructive_call_needs_two_different_people(cluster: Cluster):
@@ -64,12 +64,13 @@ def test_destructive_call_needs_two_different_people(cluster: Cluster):
     (asked,) = _confirmations(cluster, record.session_id)
     assert asked.confirmation == "dual"
 
-    for approver in ("alice", "alice"):  # the same person twice is still one signature
-        client.decide(record.spawn_id, asked.call_id, approver, approve=True)
-        again = client.wait(record.spawn_id, timeout=60)
-        assert again.status == "waiting", again.error
-        assert cluster.tool_runs() == []
-    client.decide(record.spawn_id, asked.call_id, "bob", approve=True)
+    client.decide(record.spawn_id, asked.call_id, "alice", True, asked.args_hash)
+    with pytest.raises(Replayed):  # the same person twice is still one signature
+        client.decide(record.spawn_id, asked.call_id, "alice", True, asked.args_hash)
+    again = client.wait(record.spawn_id, timeout=60)
+    assert again.status == "waiting", again.error
+    assert cluster.tool_runs() == []
+    client.decide(record.spawn_id, asked.call_id, "bob", True, asked.args_hash)
     done = client.wait(record.spawn_id, timeout=60)
 
     assert done.status == "ok", done.error
@@ -87,7 +88,8 @@ def test_denied_call_is_reported_to_the_model_and_never_runs(cluster: Cluster):
 
     record = cluster.client.spawn("fixer", PROMPT)
     assert cluster.client.wait(record.spawn_id, timeout=60).status == "waiting"
-    cluster.client.decide(record.spawn_id, "call_0_0", "carol", approve=False)
+    (asked,) = _confirmations(cluster, record.session_id)
+    cluster.client.decide(record.spawn_id, "call_0_0", "carol", False, asked.args_hash)
     done = cluster.client.wait(record.spawn_id, timeout=60)
 
     assert done.status == "ok", done.error

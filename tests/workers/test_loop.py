@@ -15,11 +15,12 @@ from registry.persona import PermissionMode, Persona
 from registry.policy import ToolBag, resolve_bag
 from registry.tools import ToolCatalog, ToolClass, ToolContext, function_tool
 from workers.demo_model import _BANNER, DemoModel
-from workers.loop import Approval, LoopSetup, LoopState, Outcome, run_loop
+from workers.loop import Approval, LoopSetup, LoopState, Outcome, approval_hash, run_loop
 from workers.messages import (
     ConfirmationRequired,
     Event,
     Message,
+    Requester,
     TextDelta,
     ToolCallEvent,
     ToolResultEvent,
@@ -39,6 +40,8 @@ from workers.tools import default_catalog
 SYSTEM = "You are a test specialist."
 QUESTION = "Why is db-1 slow?"
 REMINDER = "Answer in en-GB. Tools: read_metric, restart_service."
+#: The loop's clock in these tests, and the approval TTL they run with.
+CLOCK, TTL = 1_700_000_000.0, 600.0
 
 
 # --- tools and the harness -------------------------------------------------------------------
@@ -111,6 +114,12 @@ class Run:
     events: list[tuple[Event, int]] = field(default_factory=list)
     saved: list[LoopState] = field(default_factory=list)
     published: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    #: Each confirmation request the loop announced, with its index and the checkpoints
+    #: taken before it.
+    announced: list[tuple[ConfirmationRequired, int, int]] = field(default_factory=list)
+
+    async def announce(self, event: ConfirmationRequired, index: int) -> None:
+        self.announced.append((event, index, len(self.saved)))
 
     def setup(self) -> LoopSetup:
         return LoopSetup(
@@ -120,8 +129,12 @@ class Run:
             max_turns=self.max_turns,
             reminder=REMINDER,
             bag=self.bag,
-            tool_context=ToolContext(session_id="s1", spawn_id="w1", user="bob"),
+            tool_context=ToolContext(session_id="s1", spawn_id="w1", user="bob", role="operator"),
             published=self.published,
+            persona="tester",
+            approval_ttl_seconds=TTL,
+            announce=self.announce,
+            clock=lambda: CLOCK,
         )
 
     def __call__(self, model: Model, state: LoopState | None = None) -> tuple[Outcome, LoopState]:
@@ -653,8 +666,20 @@ def test_a_write_call_waits_for_one_approval(tools: Tools) -> None:
         "once",
     )
     assert json.loads(asked.arguments) == {"service": "db"}
-    assert tools.calls == [] and state.approvals == {"call_1_0": Approval()}
-    assert run.saved[-1].approvals == {"call_1_0": Approval()}  # the request was checkpointed
+    (pending,) = state.pending
+    requested = Approval(
+        args_hash=approval_hash("w1", pending),
+        requested_by=Requester(user="bob", role="operator", persona="tester"),
+        expires_at=CLOCK + TTL,
+    )
+    assert (asked.args_hash, asked.requested_by, asked.expires_at, asked.needed) == (
+        requested.args_hash,
+        requested.requested_by,
+        CLOCK + TTL,
+        1,
+    )
+    assert tools.calls == [] and state.approvals == {"call_1_0": requested}
+    assert run.saved[-1].approvals == {"call_1_0": requested}  # the request was checkpointed
 
     # Resumed before anyone decided: still waiting, and the request is not emitted again.
     outcome, state = run(ScriptedModel(), state)
@@ -669,6 +694,45 @@ def test_a_write_call_waits_for_one_approval(tools: Tools) -> None:
     assert outcome == Outcome("final", "db restarted")
     assert tools.calls == [("restart_service", {"service": "db"})]
     assert run.results()[-1].content == "restarted db"
+
+
+def test_a_request_is_announced_before_the_checkpoint_that_records_it(tools: Tools) -> None:
+    run = confirm_run(tools, PermissionMode.MUTATING_WITH_CONFIRM)
+    _, state = run(ScriptedModel([tool_call("restart_service", service="db")]))
+    (asked,) = run.of(ConfirmationRequired)
+    ((announced, index, checkpoints),) = run.announced
+    assert announced == asked and index == [i for e, i in run.events if e is asked][0]
+    assert "call_1_0" not in run.saved[checkpoints - 1].approvals  # announced, then recorded
+    assert "call_1_0" in run.saved[checkpoints].approvals
+    run(ScriptedModel(), state)  # resumed undecided: nothing announced again
+    assert len(run.announced) == 1
+
+
+def test_an_expired_request_is_reported_to_the_model_and_never_runs(tools: Tools) -> None:
+    run = confirm_run(tools, PermissionMode.MUTATING_WITH_CONFIRM)
+    _, state = run(ScriptedModel([tool_call("restart_service", service="db")]))
+    state.approvals["call_1_0"].expired = True
+    model = ScriptedModel(["Nobody answered; db was not restarted."])
+    outcome, state = run(model, state)
+    model.assert_done()
+    assert outcome.kind == "final" and tools.calls == []
+    (result,) = run.results()
+    assert result.is_error and result.call_id == "call_1_0"
+    assert "expired undecided at 2023-11-14T22:23:20+00:00" in result.content
+    assert "the call was not run" in result.content
+    assert model.requests[0].messages[-2].content == result.content
+
+
+def test_an_approval_bound_to_other_arguments_does_not_run_the_call(tools: Tools) -> None:
+    run = confirm_run(tools, PermissionMode.MUTATING_WITH_CONFIRM)
+    _, state = run(ScriptedModel([tool_call("restart_service", service="db")]))
+    other = state.pending[0].model_copy(update={"arguments": '{"service": "web"}'})
+    state.approvals["call_1_0"].args_hash = approval_hash("w1", other)
+    state.approvals["call_1_0"].approved_by.append("alice")
+    outcome, _ = run(ScriptedModel(["Not restarted."]), state)
+    assert outcome.kind == "final" and tools.calls == []
+    (result,) = run.results()
+    assert result.is_error and "approval was given for other arguments" in result.content
 
 
 def test_a_denied_call_is_reported_to_the_model(tools: Tools) -> None:

@@ -15,7 +15,7 @@ import redis
 import redis.asyncio
 
 from registry.errors import LeaseLost
-from workers.loop import Approval, LoopState
+from workers.loop import Approval, LoopState, approval_hash
 from workers.messages import Message, ToolCall
 from workers.spawns import AsyncSpawnStore, SpawnRecord, SpawnStore, decode_record
 
@@ -126,7 +126,8 @@ def test_claim_and_decide_keep_the_list_and_track_the_lease(r: redis.Redis, stor
     )
     store.create(record)
     listed = _listed(r, store, record.spawn_id)
-    decided, settled = store.decide(record.spawn_id, "call_1", "alice", approve=True)
+    args_hash = approval_hash(record.spawn_id, call)
+    decided, settled = store.decide(record.spawn_id, "call_1", "alice", True, args_hash)
     assert settled and decided.status == "queued"
     assert _listed(r, store, record.spawn_id) == listed
 
