@@ -11,6 +11,11 @@ The child's context is the parent spawn's context (a chat turn's ``incident_id``
 already carries, and a key it does pass wins, so one turn may dispatch a specialist per device it
 names. The merged context travels on to whatever the child spawns in turn.
 
+The coordinator's budget covers its children (:mod:`workers.budget`): a child's budget is
+capped by what the coordinator has left when it is dispatched (nothing left: the dispatch is
+refused and the coordinator stops with its partial answer), and what an awaited child spent is
+reported back with its result, to count in the coordinator's.
+
 While it waits for a non-background child, a worker that shuts down makes the wait stop with
 :class:`~registry.errors.WorkerDraining`; the runtime then hands the coordinator back to its queue
 with this call still pending, and the next attempt re-attaches to the same child.
@@ -25,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from registry.errors import OngridError
 from registry.tools import AGENT_TOOL_NAME, BaseTool, ToolClass, ToolContext, ToolResult
+from workers.budget import allowance_of, report_spent
+from workers.messages import Usage
 
 __all__ = ["SpawnAgentTool"]
 
@@ -68,6 +75,9 @@ class SpawnAgentTool(BaseTool):
     def run(self, arguments: BaseModel, context: ToolContext) -> ToolResult:
         args = SpawnAgentArgs.model_validate(arguments.model_dump())
         client = self._client_for(context)
+        allowance = allowance_of(context)
+        # Nothing left for a child: BudgetReached, which stops the coordinator (not caught below).
+        cap = allowance.for_child() if allowance is not None else None
         try:
             record = client.spawn(
                 args.agent,
@@ -78,6 +88,7 @@ class SpawnAgentTool(BaseTool):
                 session_id=context.session_id,
                 spawn_id=child_spawn_id(context.spawn_id, context.call_id),
                 reason=args.reason,
+                budget_cap=cap,
             )
         except OngridError as exc:
             return ToolResult(content=str(exc), is_error=True)
@@ -99,10 +110,19 @@ class SpawnAgentTool(BaseTool):
                 f"{done.spawn_id}); it will report with a task notification once decided.",
                 data={"spawn_id": done.spawn_id, "waiting": True},
             )
+        spent = done.budget.total(done.state.usage if done.state else Usage())
+        data = report_spent({"spawn_id": done.spawn_id}, spent)
+        reached = done.budget.reached
+        if done.status == "ok" and reached is not None:
+            return ToolResult(
+                content=f"{args.agent} stopped early: it {reached}. Its partial answer:\n\n"
+                f"{done.result}",
+                data=data,
+            )
         if done.status == "ok":
-            return ToolResult(content=done.result, data={"spawn_id": done.spawn_id})
+            return ToolResult(content=done.result, data=data)
         return ToolResult(
             content=f"{args.agent} ended {done.status}: {done.error or done.result}",
             is_error=True,
-            data={"spawn_id": done.spawn_id},
+            data=data,
         )

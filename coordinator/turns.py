@@ -12,6 +12,7 @@ from typing import Any
 
 from coordinator.agent_tool import SpawnAgentTool
 from coordinator.catalog import COORDINATOR, coordinator_persona
+from registry.budget import Budget
 from registry.tools import ToolContext
 from workers.celery_app import QUEUES
 from workers.client import SpawnClient
@@ -59,11 +60,13 @@ def start_turn(
     user: str,
     role: str,
     context: dict[str, Any] | None = None,
+    budget: Budget | None = None,
 ) -> SpawnRecord:
     """Enqueue the coordinator for one chat message; its events land on the session stream.
 
     ``context`` is the turn's: every specialist the coordinator spawns in it starts from this
-    context, whatever the model passes (see :mod:`coordinator.agent_tool`).
+    context, whatever the model passes (see :mod:`coordinator.agent_tool`). ``budget`` is the
+    turn's: it covers the specialists the coordinator dispatches too.
     """
     return client.spawn(
         COORDINATOR,
@@ -73,4 +76,5 @@ def start_turn(
         user=user,
         session_id=session_id,
         queue=QUEUES["coordinator"],
+        budget=budget,
     )

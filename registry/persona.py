@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from registry.budget import Budget
 from registry.template import check_template
 
 __all__ = [
@@ -81,6 +82,9 @@ class OngridMetadata(_Open):
     )
     edge_runtime: str | None = None
     edge_capabilities: list[str] = Field(default_factory=list)
+    budget: Budget | None = Field(
+        default=None, description="Limits on each spawn of it; tightens the organisation's."
+    )
 
     @field_validator("min_ongrid_version", mode="before")
     @classmethod

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -39,6 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -60,7 +62,9 @@ from registry.persona import Persona
 from registry.policy import ToolBag, resolve_bag
 from registry.settings import Settings
 from registry.tools import BaseTool, ToolCatalog, ToolContext, ToolResult
-from workers import metrics, tracing
+from workers import metrics, tool_tape, tracing
+from workers.approvals import ApprovalFeed
+from workers.budget import BudgetGuard, BudgetReached, Reached, notification_text, partial_answer
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import enqueue
 from workers.engine import Engine
@@ -68,7 +72,14 @@ from workers.events import EventBus
 from workers.hardening import ProviderCredentials
 from workers.leases import LeaseKeeper
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
-from workers.messages import AgentTile, Message, TaskNotification, ToolResultEvent, Usage
+from workers.messages import (
+    AgentTile,
+    ConfirmationRequired,
+    Message,
+    TaskNotification,
+    ToolResultEvent,
+    Usage,
+)
 from workers.model import (
     DEMO_MODEL,
     Model,
@@ -134,7 +145,7 @@ def _ending(state: LoopState) -> bool:
     if state.final is not None:
         return True
     approval = state.approvals.get(state.pending[0].id) if state.pending else None
-    return approval is not None and not approval.approved_by and approval.denied_by is None
+    return approval is not None and not approval.approved_by and not approval.settled
 
 
 class WorkerRuntime:
@@ -153,6 +164,7 @@ class WorkerRuntime:
         self.credentials = ProviderCredentials.from_environ()
         self.bus = EventBus(self.redis)
         self.store = SpawnStore(self.redis)
+        self.approvals = ApprovalFeed(self.redis)
         self.follower = RegistryFollower(self.redis, self.registry, seen=version)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.time_limit = float(settings.spawn_time_limit_seconds)
@@ -191,6 +203,7 @@ class WorkerRuntime:
             period_s=settings.lease_seconds * REAP_FRACTION,
             requeue=lambda record: enqueue(self.settings, record),
             on_resumed=lambda _spawn_id: metrics.reaper_resumed(),
+            on_expired=lambda record, call_id: self.approvals.decided(record, call_id, "expired"),
         )
         self.follower.start()
         self.leases.start()
@@ -345,8 +358,13 @@ class WorkerRuntime:
             run_tool=self._run_tool,
             stream=self._streaming(record.session_id),
             published=await self._published_results(record),
+            persona=persona.name,
+            approval_ttl_seconds=self.settings.approval_ttl_seconds,
+            announce=self._announce,
         )
         assert record.state is not None
+        guard = BudgetGuard(record.budget, record.state)  # checked before each call
+        setup = replace(setup, run_tool=guard.run_tool(setup.run_tool))
         turns = TurnClock(persona.name, record.state.turns)
 
         async def checkpoint(state: LoopState) -> None:
@@ -357,6 +375,7 @@ class WorkerRuntime:
                 # then runs it, instead of reporting a call that never ran as "outcome unknown".
                 raise WorkerDraining(spawn_id)
             record.state = state
+            guard.tick()  # the running seconds are saved with the state
             cancelled = await self.astore.save(record, token)  # and looks for a cancel
             turns.tick(state.turns)
             if cancelled:
@@ -373,7 +392,13 @@ class WorkerRuntime:
             persona.name,
         )
         try:
-            outcome = await run_loop(setup, record.state, model, sink.emit, checkpoint)
+            outcome = await run_loop(setup, record.state, guard.model(model), sink.emit, checkpoint)
+        except BudgetReached as exc:
+            # The last call names no tools: it is not offered any.
+            locale = self.settings.default_locale
+            reminder = turn_reminder(persona, record.model_id, ToolBag(()), locale)
+            last = replace(setup, reminder=reminder)
+            return await self._stop_at_budget(record, token, last, model, guard, exc.reached)
         except SpawnCancelled:
             return await self._finish(record, token, "cancelled", "cancelled on request")
         except (WorkerDraining, RetryAbandoned):
@@ -386,6 +411,43 @@ class WorkerRuntime:
             log.exception("spawn %s crashed", spawn_id)
             return await self._finish(record, token, "failed", f"{type(exc).__name__}: {exc}")
         return await self._conclude(record, token, outcome)
+
+    async def _announce(self, event: ConfirmationRequired, index: int) -> None:
+        """A call put to people, before the checkpoint that records it: its deadline filed for
+        the reaper's expiry sweep, the request published on the approvers' feed."""
+        await self.astore.file_deadline(event.spawn_id, event.call_id, event.expires_at)
+        await self.approvals.aannounce(event, index, self.aredis)
+
+    async def _stop_at_budget(
+        self,
+        record: SpawnRecord,
+        token: str,
+        setup: LoopSetup,
+        model: Model,
+        guard: BudgetGuard,
+        reached: Reached,
+    ) -> dict[str, Any]:
+        """End a spawn that reached a limit with its best partial answer (:mod:`workers.budget`);
+        ``failed``, naming the limit, when that last model call fails."""
+        assert record.state is not None
+        record.budget.reached = reached
+        sink = self.writer.sink(record.spawn_id)
+        try:
+            text = await partial_answer(
+                model, setup, record.state, reached, sink.emit, guard.completed
+            )
+        except (WorkerDraining, RetryAbandoned):
+            return await self._hand_back(record.spawn_id, token)  # the next attempt asks again
+        except (LeaseLost, redis.RedisError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a model error or a crash: the spawn says why
+            if not isinstance(exc, ModelError):
+                log.exception("spawn %s: the partial answer crashed", record.spawn_id)
+            guard.tick()
+            why = f"{reached}; its partial answer could not be written: {exc}"
+            return await self._finish(record, token, "failed", why)
+        guard.tick()
+        return await self._finish(record, token, "ok", text)
 
     async def _published_results(self, record: SpawnRecord) -> dict[str, tuple[str, bool]]:
         """The results of calls this spawn started, did not checkpoint, and published: a lost
@@ -406,10 +468,13 @@ class WorkerRuntime:
     async def _run_tool(
         self, tool: BaseTool, arguments: BaseModel, context: ToolContext
     ) -> ToolResult:
-        """A tool call in the engine's bounded pool, with its span and its metric."""
+        """A tool call in the engine's bounded pool, with its span and its metric; recorded or
+        replayed when the ``tool_tape`` setting says so."""
+        tape = tool_tape.tape_for(self.settings.tool_tape)
+        run = tool.run if tape is None else functools.partial(tape.run, tool)
         with tracing.tool_span(tool.name, context.call_id):
             try:
-                result = await self.engine.offload(tool.run, arguments, context)
+                result = await self.engine.offload(run, arguments, context)
             except Exception:
                 metrics.tool_call(tool.name, "error")
                 raise
@@ -485,6 +550,7 @@ class WorkerRuntime:
             sink.emit(tile, 0)
             record.state.event_index = 1
             await sink.flushed()
+        record.budget.resolve(self.settings.budget, persona.metadata.ongrid.budget)
         await self.astore.save(record, token)
         return persona, bag
 
@@ -534,13 +600,15 @@ class WorkerRuntime:
             record.error = text
         usage = record.state.usage if record.state else None
         index = record.state.event_index if record.state else 0
+        reached = record.budget.reached
         note = TaskNotification(
             session_id=record.session_id,
             spawn_id=record.spawn_id,
             status=status,  # type: ignore[arg-type]
             persona=record.persona,
-            message=text,
+            message=notification_text(reached, text) if reached and status == "ok" else text,
             usage=usage if usage is not None else Usage(),
+            budget_reached=reached.limit if reached else None,
         )
         sink = self.writer.sink(record.spawn_id)
         sink.emit(note, index)

@@ -43,6 +43,7 @@ from coordinator.api.schemas import (
 from coordinator.auth import Principal
 from coordinator.storage.chats import ChatSession
 from coordinator.turns import start_turn
+from registry.budget import Budget
 from registry.errors import NotFoundError
 from registry.tools import AGENT_TOOL_NAME
 from workers.client import STRANDED_CHECK_EVERY, StrandedWatch
@@ -100,11 +101,23 @@ def _check_agent(svc: Services, agent: str) -> None:
 
 
 def _spawn(
-    svc: Services, who: Principal, session_id: str, text: str, agent: str | None, context: dict
+    svc: Services,
+    who: Principal,
+    session_id: str,
+    text: str,
+    agent: str | None,
+    context: dict,
+    budget: Budget | None,
 ) -> SpawnRecord:
     if agent:
         return svc.client.spawn(
-            agent, text, context=context, role=who.role, user=who.user, session_id=session_id
+            agent,
+            text,
+            context=context,
+            role=who.role,
+            user=who.user,
+            session_id=session_id,
+            budget=budget,
         )
     return start_turn(
         svc.client,
@@ -113,6 +126,7 @@ def _spawn(
         user=who.user,
         role=who.role,
         context=context,
+        budget=budget,
     )
 
 
@@ -123,6 +137,7 @@ def _open_turn(
     text: str,
     agent: str | None,
     context: dict,
+    budget: Budget | None = None,
 ) -> _Turn:
     """Check the agent, start the spawn, then record the question (linked to the spawn)."""
     if agent:
@@ -134,7 +149,7 @@ def _open_turn(
     else:
         session_id, after = session.id, svc.client.bus.last_seq(session.id)
     try:
-        record = _spawn(svc, who, session_id, text, agent, context)
+        record = _spawn(svc, who, session_id, text, agent, context, budget)
     except BaseException:
         if session is None:  # a refused first turn leaves no empty session behind
             svc.chats.delete_session(session_id, who.user)
@@ -196,7 +211,7 @@ def _turn_stream(svc: Services, turn: _Turn) -> EventStreamResponse:
 async def chat(body: ChatIn, who: Caller, svc: Svc) -> EventStreamResponse:
     """Start a session with its first message and stream the turn (header `X-Session-Id`)."""
     turn = await run_in_threadpool(
-        _open_turn, svc, who, None, body.prompt, body.agent, body.context
+        _open_turn, svc, who, None, body.prompt, body.agent, body.context, body.budget
     )
     return _turn_stream(svc, turn)
 
@@ -220,7 +235,7 @@ async def post_message(
 ) -> EventStreamResponse:
     """Add a message to a session and stream the turn it starts."""
     turn = await run_in_threadpool(
-        _open_turn, svc, who, session, body.content, body.agent, body.context
+        _open_turn, svc, who, session, body.content, body.agent, body.context, body.budget
     )
     return _turn_stream(svc, turn)
 
