@@ -22,6 +22,11 @@ may ``fail`` instead of replying, to script a provider's outages::
 (``close``: a clean close; ``reset``: a TCP reset), after ``after_chunks`` chunks of the streamed
 ``reply`` when set.
 
+In process, a ``policy`` may decide the replies instead: a function of each request body (its
+``messages``, its ``tools``) returning the :class:`Reply`, consulted when no rule matches, so a
+scripted model can choose its next call from the tool results it was sent
+(:mod:`workers.testing.recipe_model`).
+
 Other endpoints: ``GET /v1/models``, ``GET /_requests`` (every request body, in order),
 ``GET /_keys`` (the SHA-256 of each request's bearer key, in order), ``POST /_release`` (answer
 the requests a rule's ``hold`` keeps waiting), ``POST /_reset`` (forget requests and rules set
@@ -45,7 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -62,6 +67,8 @@ __all__ = [
     "DEFAULT_REPLY",
     "Failure",
     "FakeOpenAI",
+    "Policy",
+    "Reply",
     "Rule",
     "create_app",
     "main",
@@ -167,7 +174,12 @@ class Rule(BaseModel):
 
 
 class ScriptError(Exception):
-    """The script file or a ``POST /_script`` body is not a valid rule list."""
+    """The script file or a ``POST /_script`` body is not a valid rule list, or the policy
+    could not decide a reply."""
+
+
+#: Decides the reply to one chat request from its body; consulted when no rule matches.
+Policy = Callable[[dict[str, Any]], Reply]
 
 
 _RULES = TypeAdapter(list[Rule])
@@ -285,9 +297,10 @@ def _tool_call(call_id: str, call: ToolCallReply) -> dict[str, Any]:
 class _Service:
     """The fake's state and endpoints."""
 
-    def __init__(self, script_path: Path | None, delay: float) -> None:
+    def __init__(self, script_path: Path | None, delay: float, policy: Policy | None) -> None:
         self.script = _Script(script_path)
         self.delay = delay
+        self.policy = policy
         self.received: list[dict[str, Any]] = []
         self.keys: list[str] = []
         self._ids = itertools.count(1)
@@ -296,17 +309,27 @@ class _Service:
     def _released(self, name: str) -> asyncio.Event:
         return self._holds.setdefault(name, asyncio.Event())
 
-    def answer(self, messages: list[dict[str, Any]]) -> _Answer:
-        """Apply the first matching rule (or the default reply) to a conversation."""
+    def answer(self, body: dict[str, Any]) -> _Answer:
+        """Apply the first matching rule (else the policy, else the default reply) to a request."""
+        messages: list[dict[str, Any]] = body.get("messages") or []
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         rule = self.script.choose(messages, turn)
-        reply = rule.reply if rule else Reply(content=DEFAULT_REPLY)
+        reply = rule.reply if rule else self._decide(body)
         content = _haystack(messages, "last_user") if reply.echo else reply.content
         calls = [_tool_call(f"call_{turn}_{i}", c) for i, c in enumerate(reply.tool_calls)]
         delay = rule.delay if rule and rule.delay is not None else self.delay
         if rule is None:
             return _Answer(content, calls, delay)
         return _Answer(content, calls, delay, rule.hold, rule.fail)
+
+    def _decide(self, body: dict[str, Any]) -> Reply:
+        if self.policy is None:
+            return Reply(content=DEFAULT_REPLY)
+        try:
+            return self.policy(body)
+        except Exception as exc:  # noqa: BLE001 - the client is told why, as a server error
+            why = f"{type(exc).__name__}: {exc}"
+            raise ScriptError(f"the fake-openai policy failed: {why}") from exc
 
     async def chat(self, request: Request) -> Response:
         body: dict[str, Any] = await request.json()
@@ -315,7 +338,7 @@ class _Service:
         bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
         self.keys.append(hashlib.sha256(bearer.encode()).hexdigest() if bearer else "")
         messages: list[dict[str, Any]] = body.get("messages") or []
-        answer = self.answer(messages)
+        answer = self.answer(body)
         meta = {
             "id": f"chatcmpl-{next(self._ids)}",
             "created": int(time.time()),
@@ -453,9 +476,12 @@ async def _script_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": error}, status_code=500)
 
 
-def create_app(script_path: Path | None = None, delay: float = 0.0) -> Starlette:
-    """The fake's ASGI app; ``script_path`` may be JSON or YAML, ``delay`` is in seconds."""
-    service = _Service(script_path, delay)
+def create_app(
+    script_path: Path | None = None, delay: float = 0.0, policy: Policy | None = None
+) -> Starlette:
+    """The fake's ASGI app; ``script_path`` may be JSON or YAML, ``delay`` is in seconds,
+    ``policy`` answers what no rule matches."""
+    service = _Service(script_path, delay, policy)
     routes = [
         Route("/v1/chat/completions", service.chat, methods=["POST"]),
         Route("/chat/completions", service.chat, methods=["POST"]),
@@ -511,8 +537,9 @@ class FakeOpenAI:
         *,
         script_path: Path | None = None,
         delay: float = 0.0,
+        policy: Policy | None = None,
     ) -> None:
-        self.app = create_app(script_path, delay)
+        self.app = create_app(script_path, delay, policy)
         self._service: _Service = self.app.state.service
         if rules:
             self.set_script(rules)
