@@ -14,22 +14,50 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
-from typing import cast
+from typing import Annotated, cast
 
 import anyio
 import redis
 import redis.asyncio
+from fastapi import Depends, Header, Query
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from workers.events import EventBus
 from workers.messages import Event
 
-__all__ = ["KEEPALIVE_SECONDS", "EventStreamResponse", "follow", "sse_message"]
+__all__ = [
+    "KEEPALIVE_SECONDS",
+    "EventStreamResponse",
+    "ResumeAfter",
+    "UntilIdle",
+    "follow",
+    "sse_message",
+]
 
 KEEPALIVE_SECONDS = 15.0
 
 StreamFactory = Callable[[asyncio.Event], AsyncIterator[bytes]]
+
+
+def _resume_after(
+    after: Annotated[int | None, Query(ge=0, description="Resume after this seq.")] = None,
+    last_event_id: Annotated[
+        int | None,
+        Header(alias="Last-Event-ID", ge=0, description="Resume after this seq (wins over after)."),
+    ] = None,
+) -> int:
+    return last_event_id if last_event_id is not None else (after or 0)
+
+
+#: Where a stream starts: after the ``Last-Event-ID`` a reconnecting client sends, else after
+#: the ``after`` query parameter, else from the beginning.
+ResumeAfter = Annotated[int, Depends(_resume_after)]
+#: ``until_idle``: end the stream after this many quiet seconds (``None``: at disconnect).
+UntilIdle = Annotated[
+    float | None,
+    Query(gt=0, le=86_400, description="End the stream after this many quiet seconds."),
+]
 
 
 def sse_message(event: Event) -> bytes:

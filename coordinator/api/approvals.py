@@ -17,10 +17,10 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
-from coordinator.api._sse import EventStreamResponse, follow
+from coordinator.api._sse import EventStreamResponse, ResumeAfter, UntilIdle, follow
 from coordinator.api.deps import Approver, Auditor, Caller, Svc
 from coordinator.api.schemas import AuditEntryOut, ErrorOut, PendingApprovalOut
 from workers.approvals import FEED, ApprovalFeed
@@ -88,19 +88,11 @@ def _owner(event: Event) -> str | None:
 async def approval_events(
     who: Approver,
     svc: Svc,
-    after: Annotated[int | None, Query(ge=0, description="Resume after this seq.")] = None,
-    last_event_id: Annotated[
-        int | None,
-        Header(alias="Last-Event-ID", ge=0, description="Resume after this seq (wins over after)."),
-    ] = None,
-    until_idle: Annotated[
-        float | None,
-        Query(gt=0, le=86_400, description="End the stream after this many quiet seconds."),
-    ] = None,
+    start: ResumeAfter,
+    until_idle: UntilIdle = None,
 ) -> EventStreamResponse:
     """Requests and decisions of the spawns the caller approves for, then live, until
     disconnect. Without `after` or `Last-Event-ID`, from the start of the feed's retention."""
-    start = last_event_id if last_event_id is not None else (after or 0)
 
     def mine(event: Event) -> bool:
         owner = _owner(event)

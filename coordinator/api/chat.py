@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
 import redis
-from fastapi import APIRouter, Header, Query
+from fastapi import APIRouter, Query
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.agent_tool import child_spawn_id
 from coordinator.api import _answers
-from coordinator.api._sse import EventStreamResponse, follow
+from coordinator.api._sse import EventStreamResponse, ResumeAfter, UntilIdle, follow
 from coordinator.api.deps import Caller, Chats, OwnedSession, Services, Svc
 from coordinator.api.errors import Conflict
 from coordinator.api.schemas import (
@@ -249,18 +249,10 @@ async def post_message(
 async def session_events(
     session: OwnedSession,
     svc: Svc,
-    after: Annotated[int | None, Query(ge=0, description="Resume after this seq.")] = None,
-    last_event_id: Annotated[
-        int | None,
-        Header(alias="Last-Event-ID", ge=0, description="Resume after this seq (wins over after)."),
-    ] = None,
-    until_idle: Annotated[
-        float | None,
-        Query(gt=0, le=86_400, description="End the stream after this many quiet seconds."),
-    ] = None,
+    start: ResumeAfter,
+    until_idle: UntilIdle = None,
 ) -> EventStreamResponse:
     """The session's events after `Last-Event-ID` (or `after`), then live, until disconnect."""
-    start = last_event_id if last_event_id is not None else (after or 0)
 
     async def settle(event: Event) -> None:
         if event.type == "task_notification":
