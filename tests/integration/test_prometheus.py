@@ -7,22 +7,21 @@ holds on a real worker (their model calls held by the fake LLM), then zero once 
 
 from __future__ import annotations
 
-import json
 import shutil
 import socket
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-import yaml
 from faults import release
 from harness import Cluster, Proc, final, wait_for
 from procs import free_port, ongrid
+
+from workers.testing.backends import Prometheus, start_prometheus
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 PERSONA = "holder"
@@ -37,34 +36,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@dataclass
-class Prometheus:
-    proc: Proc
-    url: str
+def wait_value(prometheus: Prometheus, promql: str, expected: float) -> None:
+    """Until the instant value of ``promql`` is ``expected`` (it scrapes every second)."""
 
-    def query(self, promql: str) -> list[dict[str, object]]:
-        """The instant vector of ``promql`` (an empty list when it has no sample)."""
-        address = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
-        with urllib.request.urlopen(address, timeout=30) as response:
-            body = json.loads(response.read())
-        assert body["status"] == "success", body
-        return list(body["data"]["result"])
+    def equal(result: list[dict[str, Any]]) -> bool:
+        return bool(result) and float(result[0]["value"][1]) == expected
 
-    def value(self, promql: str) -> float | None:
-        result = self.query(promql)
-        return float(result[0]["value"][1]) if result else None  # type: ignore[index]
-
-    def wait_value(self, promql: str, expected: float) -> None:
-        wait_for(
-            lambda: self._alive() and self.value(promql) == expected,
-            DEADLINE,
-            f"Prometheus to answer {expected} to {promql}",
-            every=0.5,
-        )
-
-    def _alive(self) -> bool:
-        assert self.proc.alive(), f"prometheus exited:\n{self.proc.log()}"
-        return True
+    prometheus.wait_for(promql, equal, DEADLINE)
 
 
 @dataclass
@@ -96,47 +74,20 @@ def _answers(proc: Proc, port: int) -> bool:
 
 @pytest.fixture
 def prometheus(cluster: Cluster, targets: Targets) -> Iterator[Prometheus]:
-    home = cluster.root / "prometheus"
-    home.mkdir()
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [
-            {"job_name": "api", "static_configs": [{"targets": [f"127.0.0.1:{targets.api}"]}]},
-            {
-                "job_name": "worker",
-                "static_configs": [{"targets": [f"127.0.0.1:{targets.worker}"]}],
-            },
-        ],
-    }
-    (home / "prometheus.yml").write_text(yaml.safe_dump(config), encoding="utf-8")
-    port = free_port()
-    argv = [
-        PROMETHEUS,
-        f"--config.file={home / 'prometheus.yml'}",
-        f"--storage.tsdb.path={home / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-    ]
-    proc = Proc("prometheus", argv, cluster.root, dict(cluster.env))
-    cluster.workers.append(proc)  # type: ignore[arg-type]  # killed and logged on close
-    server = Prometheus(proc, f"http://127.0.0.1:{port}")
-
-    def ready() -> bool:
-        server._alive()
-        try:
-            return httpx.get(f"{server.url}/-/ready", timeout=30).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(ready, DEADLINE, "Prometheus to be ready", every=0.2)
-    yield server
+    jobs = {"api": [f"127.0.0.1:{targets.api}"], "worker": [f"127.0.0.1:{targets.worker}"]}
+    server = start_prometheus(cluster.root / "prometheus", jobs)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_prometheus_scrapes_the_api_and_the_worker(prometheus: Prometheus):
-    prometheus.wait_value('up{job="api"}', 1)
-    prometheus.wait_value('up{job="worker"}', 1)
+    wait_value(prometheus, 'up{job="api"}', 1)
+    wait_value(prometheus, 'up{job="worker"}', 1)
     # The API's own series: the queue depths it read from Redis at the scrape.
-    prometheus.wait_value('ongrid_queue_depth_up{job="api"}', 1)
-    prometheus.wait_value('ongrid_queue_depth{job="api",queue="ongrid.interactive"}', 0)
+    wait_value(prometheus, 'ongrid_queue_depth_up{job="api"}', 1)
+    wait_value(prometheus, 'ongrid_queue_depth{job="api",queue="ongrid.interactive"}', 0)
 
 
 def test_a_query_for_spawns_in_flight_counts_those_held_on_the_worker(
@@ -147,14 +98,14 @@ def test_a_query_for_spawns_in_flight_counts_those_held_on_the_worker(
     for n in range(HELD):
         cluster.fake.wait_requests(f"hold {n}", 1)  # each spawn waits on its model call
 
-    prometheus.wait_value("sum(ongrid_spawns_in_flight)", HELD)
-    prometheus.wait_value(f'sum(ongrid_spawns_in_flight{{persona="{PERSONA}"}})', HELD)
+    wait_value(prometheus, "sum(ongrid_spawns_in_flight)", HELD)
+    wait_value(prometheus, f'sum(ongrid_spawns_in_flight{{persona="{PERSONA}"}})', HELD)
 
     release(cluster.fake, "in-flight")
     for record in spawned:
         cluster.wait_status(record.spawn_id, "ok")
-    prometheus.wait_value("sum(ongrid_spawns_in_flight)", 0)
-    prometheus.wait_value(f'sum(ongrid_spawns_finished_total{{persona="{PERSONA}"}})', HELD)
+    wait_value(prometheus, "sum(ongrid_spawns_in_flight)", 0)
+    wait_value(prometheus, f'sum(ongrid_spawns_finished_total{{persona="{PERSONA}"}})', HELD)
 
 
 def _free_pair() -> int:

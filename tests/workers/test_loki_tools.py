@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from servers import QuietHandler, local_http
 
 from registry.settings import Settings
 from registry.tools import ToolContext, ToolResult
@@ -95,7 +94,7 @@ class Recorded:
 def recorded() -> Iterator[Recorded]:
     state = Recorded()
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             parsed = urllib.parse.urlsplit(self.path)
             state.requests.append(
@@ -114,19 +113,8 @@ def recorded() -> Iterator[Recorded]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with local_http(Handler) as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 def test_log_lines_come_newest_first_with_their_labels(recorded: Recorded) -> None:

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from servers import QuietHandler, local_http
 
 from registry.errors import ToolArgumentError
 from registry.tools import AGENT_TOOL_NAME, ToolContext, ToolResult
@@ -43,7 +42,7 @@ class Backend:
 def backend() -> Iterator[Backend]:
     state = Backend(url="")
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def _answer(self) -> None:
             parsed = urllib.parse.urlsplit(self.path)
             length = int(self.headers.get("Content-Length") or 0)
@@ -63,19 +62,8 @@ def backend() -> Iterator[Backend]:
 
         do_GET = do_POST = _answer
 
-        def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
+    with local_http(Handler) as state.url:
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
 
 
 # --- catalog and schemas --------------------------------------------------------------------
