@@ -55,7 +55,13 @@ from pydantic import BaseModel, Field
 from registry.budget import Budget
 from registry.errors import RunError
 from registry.tools import BaseTool, ToolContext, ToolResult
-from workers.loop import EventSink, LoopSetup, LoopState, RunTool, system_reminder_message
+from workers.loop import (
+    EventSink,
+    LoopSetup,
+    LoopState,
+    RunTool,
+    ask_model,
+)
 from workers.messages import Message, TextDelta, ToolResultEvent, Usage
 from workers.model import Model, ModelError, ModelReply, ModelRequest
 
@@ -488,24 +494,14 @@ async def partial_answer(
         )
     state.pending = []
     ask = Message(role="user", content=summary_request(reached))
-    stream = True if setup.stream is None else await setup.stream()
-    request = ModelRequest(
-        model=setup.model_id,
-        messages=[*state.messages, system_reminder_message(setup.reminder), ask],
-        tools=[],
-        stream=stream,
+    reply = await ask_model(
+        model,
+        setup,
+        state,
+        [],
+        lambda text: emit(TextDelta(session_id=session_id, spawn_id=spawn_id, text=text)),
+        then=ask,
     )
-    reply: ModelReply | None = None
-    async for item in model.stream(request):
-        if isinstance(item, ModelReply):
-            reply = item
-        elif item:
-            emit(TextDelta(session_id=session_id, spawn_id=spawn_id, text=item))
-    if reply is None:
-        raise RuntimeError(f"model adapter for {setup.model_id} returned no reply")
-    state.turns += 1
-    state.usage = state.usage + reply.usage
-    state.turn_usage.append(reply.usage)
     text = reply.message.content
     state.messages += [ask, Message(role="assistant", content=text)]
     if not text.strip():

@@ -63,6 +63,7 @@ __all__ = [
     "LoopState",
     "Outcome",
     "approval_hash",
+    "ask_model",
     "run_loop",
     "system_reminder_message",
 ]
@@ -185,6 +186,40 @@ def system_reminder_message(reminder: str) -> Message:
     return Message(role="user", content=f"<system-reminder>\n{reminder}\n</system-reminder>")
 
 
+async def ask_model(
+    model: Model,
+    setup: LoopSetup,
+    state: LoopState,
+    tools: list[ToolSpec],
+    on_text: Callable[[str], object],
+    *,
+    then: Message | None = None,
+) -> ModelReply:
+    """One model call (a turn): the state's messages, the turn's reminder, then ``then`` if
+    given, offered ``tools``. Its text goes to ``on_text`` as it streams; its usage is added to
+    the state's."""
+    stream = True if setup.stream is None else await setup.stream()
+    messages = [*state.messages, system_reminder_message(setup.reminder)]
+    request = ModelRequest(
+        model=setup.model_id,
+        messages=messages if then is None else [*messages, then],
+        tools=tools,
+        stream=stream,
+    )
+    reply: ModelReply | None = None
+    async for item in model.stream(request):
+        if isinstance(item, ModelReply):
+            reply = item
+        elif item:
+            on_text(item)
+    if reply is None:
+        raise RuntimeError(f"model adapter for {setup.model_id} returned no reply")
+    state.turns += 1
+    state.usage = state.usage + reply.usage
+    state.turn_usage.append(reply.usage)
+    return reply
+
+
 def _tool_specs(bag: ToolBag) -> list[ToolSpec]:
     return [ToolSpec(e.tool.name, e.tool.description, e.tool.parameters) for e in bag]
 
@@ -231,25 +266,10 @@ class _Run:
     # -- one model call ---------------------------------------------------------------------
 
     async def think(self, model: Model) -> None:
-        stream = True if self.setup.stream is None else await self.setup.stream()
-        request = ModelRequest(
-            model=self.setup.model_id,
-            messages=[*self.state.messages, system_reminder_message(self.setup.reminder)],
-            tools=self._tools,
-            stream=stream,
+        reply = await ask_model(
+            model, self.setup, self.state, self._tools, lambda text: self.emit(TextDelta, text=text)
         )
-        reply: ModelReply | None = None
-        async for item in model.stream(request):
-            if isinstance(item, ModelReply):
-                reply = item
-            elif item:
-                self.emit(TextDelta, text=item)
-        if reply is None:
-            raise RuntimeError(f"model adapter for {self.setup.model_id} returned no reply")
         state = self.state
-        state.turns += 1
-        state.usage = state.usage + reply.usage
-        state.turn_usage.append(reply.usage)
         calls = _distinct_ids(reply.message.tool_calls, state.messages, state.turns)
         state.messages.append(reply.message.model_copy(update={"tool_calls": calls}))
         for call in calls:
