@@ -29,6 +29,7 @@ from registry.template import (
     check_depth,
 )
 from registry.tools import ToolClass
+from workers.budget import SpawnBudget
 from workers.loop import Approval
 from workers.messages import Message, Requester, ToolCall, Usage
 from workers.spawns import SpawnStatus
@@ -249,6 +250,10 @@ class TranscriptOut(BaseModel):
     usage: UsageOut
     pending: list[ToolCall] = Field(description="Tool calls not yet run (e.g. awaiting approval).")
     approvals: dict[str, Approval] = Field(description="Decisions on calls needing confirmation.")
+    budget: SpawnBudget = Field(
+        description="Its limits (resolved at the first attempt), the tool calls, running seconds "
+        "and children's spend counted against them, and the limit that stopped it, if one did."
+    )
 
 
 class DecisionIn(_Request):

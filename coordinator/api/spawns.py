@@ -78,6 +78,7 @@ def _transcript(record: SpawnRecord) -> dict[str, Any]:
                 "error",
                 "created",
                 "updated",
+                "budget",
             }
         ),
         "model": record.model_id,

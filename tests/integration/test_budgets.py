@@ -33,6 +33,10 @@ SUMMARY = "Partial: db1 answers its probes; db2 was not checked before the budge
 COORDINATOR_MARK = "You are Ongrid's coordinator"
 
 
+#: The limits a budget of only ``max_tool_calls`` leaves unset.
+_OTHERS = ("max_tokens", "max_cost_usd", "max_seconds")
+
+
 def summary_rule(content: str = SUMMARY, **rule: Any) -> dict[str, Any]:
     """A fake rule that answers the request for a partial answer."""
     return final(content, match=PARTIAL_MARK, where="last_user", **rule)
@@ -115,6 +119,10 @@ def test_the_tool_call_budget_of_a_chat_request_stops_the_spawn(cluster: Cluster
     assert cluster.tool_runs() == ["count_probe", "count_probe"]
     assert done.budget.tool_calls == 2
     assert [bool(r.get("tools")) for r in cluster.fake.requests()] == [True, True, False]
+    transcript = api.http.get(f"/api/v1/spawns/{done.spawn_id}").json()
+    assert transcript["budget"]["limits"] == {"max_tool_calls": 2, **dict.fromkeys(_OTHERS)}
+    assert transcript["budget"]["tool_calls"] == 2
+    assert transcript["budget"]["reached"]["limit"] == "tool_calls"
 
 
 def test_the_token_budget_of_a_persona_stops_the_spawn(cluster: Cluster):
