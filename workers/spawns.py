@@ -34,7 +34,7 @@ import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import redis
 import redis.asyncio
@@ -77,6 +77,10 @@ FINAL_STATUSES = frozenset({"ok", "failed", "cancelled"})
 #: Statuses of a spawn that waits for a worker (``running`` only once its lease is gone).
 UNHELD_STATUSES = frozenset({"queued", "running"})
 #: How many times a transaction over a record retries when a concurrent write changed it.
+T = TypeVar("T")
+#: What a transaction's step returns: its value, and the writes to queue (``None``: none).
+Step = tuple[T, Callable[[Any], None] | None]
+
 CLAIM_TRIES = 32
 DECIDE_TRIES = 32
 FAIL_TRIES = 8
@@ -365,26 +369,25 @@ class SpawnStore(_Keys):
             self.lease_key(spawn_id),
             self.messages_key(spawn_id),
         )
-        with self.r.pipeline() as pipe:
-            for _ in range(CLAIM_TRIES):
-                try:
-                    pipe.watch(key, lease, messages)
-                    raw = cast("bytes | None", pipe.get(key))
-                    if not raw:
-                        return None, None
-                    record = decode_record(raw)
-                    if record.finished or pipe.exists(lease):
-                        return record, None
-                    attach_messages(record, cast("list[bytes]", pipe.lrange(messages, 0, -1)))
-                    token = _start_attempt(record)
-                    pipe.multi()
-                    self._queue_claim(pipe, record, token, ttl_ms)
-                    pipe.execute()
-                    _mark_saved(record)
-                    return record, token
-                except redis.WatchError:
-                    continue  # a decision or a cancel was written meanwhile: read it again
-        raise redis.WatchError(f"spawn {spawn_id}: the record kept changing while being claimed")
+
+        def step(pipe: Any) -> Step[tuple[SpawnRecord | None, str | None]]:
+            raw = cast("bytes | None", pipe.get(key))
+            if not raw:
+                return (None, None), None
+            record = decode_record(raw)
+            if record.finished or pipe.exists(lease):
+                return (record, None), None
+            attach_messages(record, cast("list[bytes]", pipe.lrange(messages, 0, -1)))
+            token = _start_attempt(record)
+            return (record, token), lambda p: self._queue_claim(p, record, token, ttl_ms)
+
+        # A decision or a cancel written meanwhile: read it again.
+        record, token = self._transaction(
+            (key, lease, messages), CLAIM_TRIES, step, f"spawn {spawn_id}", "being claimed"
+        )
+        if record is not None and token is not None:
+            _mark_saved(record)
+        return record, token
 
     def renew(self, spawn_id: str, token: str, ttl_ms: int) -> bool:
         return not self.renew_all({spawn_id: token}, ttl_ms)
@@ -427,28 +430,29 @@ class SpawnStore(_Keys):
         messages; ``None`` when the spawn was left as it is.
         """
         key, lease = self._key(spawn_id), self.lease_key(spawn_id)
-        with self.r.pipeline() as pipe:
-            for _ in range(FAIL_TRIES):
-                try:
-                    pipe.watch(key, lease)
-                    raw = cast("bytes | None", pipe.get(key))
-                    if not raw or pipe.exists(lease):
-                        return None
-                    record = decode_record(raw)
-                    if record.status not in UNHELD_STATUSES or served(record):
-                        return None
-                    record.status = "failed"
-                    record.error = error(record)
-                    record.updated = time.time()
-                    pipe.multi()
-                    self._queue_write(pipe, record)
-                    pipe.srem(self.active_key, spawn_id)
-                    pipe.zrem(self.leases_key, spawn_id)
-                    pipe.execute()
-                    return record
-                except redis.WatchError:
-                    continue  # claimed, decided or cancelled meanwhile: look again
-        return None
+
+        def step(pipe: Any) -> Step[SpawnRecord | None]:
+            raw = cast("bytes | None", pipe.get(key))
+            if not raw or pipe.exists(lease):
+                return None, None
+            record = decode_record(raw)
+            if record.status not in UNHELD_STATUSES or served(record):
+                return None, None
+            record.status = "failed"
+            record.error = error(record)
+            record.updated = time.time()
+
+            def write(p: Any) -> None:
+                self._queue_write(p, record)
+                p.srem(self.active_key, spawn_id)
+                p.zrem(self.leases_key, spawn_id)
+
+            return record, write
+
+        try:  # claimed, decided or cancelled meanwhile: look again
+            return self._transaction((key, lease), FAIL_TRIES, step, f"spawn {spawn_id}")
+        except redis.WatchError:
+            return None
 
     def decide(
         self, spawn_id: str, call_id: str, user: str, approve: bool, args_hash: str
@@ -465,24 +469,21 @@ class SpawnStore(_Keys):
         Refusals: the :class:`DecisionRefused` family (:mod:`workers._decisions`).
         """
         key = self._key(spawn_id)
-        with self.r.pipeline() as pipe:
-            for _ in range(DECIDE_TRIES):
-                try:
-                    pipe.watch(key)
-                    raw = cast("bytes | None", pipe.get(key))
-                    if not raw:
-                        raise NotFoundError("spawn", spawn_id)
-                    now = _redis_seconds(pipe.time())
-                    record = decode_record(raw)
-                    settled = apply_decision(record, call_id, user, approve, args_hash, now)
-                    record.updated = time.time()
-                    pipe.multi()
-                    self._queue_write(pipe, record)
-                    pipe.execute()
-                    return record, settled
-                except redis.WatchError:
-                    continue  # someone else wrote the record meanwhile: decide on what they left
-        raise redis.WatchError(f"spawn {spawn_id}: the record kept changing during a decision")
+
+        def step(pipe: Any) -> Step[tuple[SpawnRecord, bool]]:
+            raw = cast("bytes | None", pipe.get(key))
+            if not raw:
+                raise NotFoundError("spawn", spawn_id)
+            now = _redis_seconds(pipe.time())
+            record = decode_record(raw)
+            settled = apply_decision(record, call_id, user, approve, args_hash, now)
+            record.updated = time.time()
+            return (record, settled), lambda p: self._queue_write(p, record)
+
+        # Someone else wrote the record meanwhile: decide on what they left.
+        return self._transaction(
+            (key,), DECIDE_TRIES, step, f"spawn {spawn_id}", "during a decision"
+        )
 
     def expire_approval(
         self, spawn_id: str, call_id: str, now: float
@@ -496,23 +497,49 @@ class SpawnStore(_Keys):
         deadline entry only after the enqueue, so a sweep that dies in between is repeated.
         """
         key = self._key(spawn_id)
+
+        def step(pipe: Any) -> Step[tuple[ExpiryOutcome, SpawnRecord | None]]:
+            raw = cast("bytes | None", pipe.get(key))
+            record = decode_record(raw) if raw else None
+            outcome = _expiry(record, call_id, now)
+            if outcome != "expired" or record is None:
+                return (outcome, record), None
+            record.updated = time.time()
+            return (outcome, record), lambda p: self._queue_write(p, record)
+
+        try:  # decided, claimed or cancelled meanwhile: look again
+            return self._transaction((key,), EXPIRE_TRIES, step, f"spawn {spawn_id}")
+        except redis.WatchError:
+            return "keep", None
+
+    def _transaction(
+        self,
+        watch: tuple[str, ...],
+        tries: int,
+        step: Callable[[Any], Step[T]],
+        what: str,
+        while_: str = "",
+    ) -> T:
+        """Read under ``WATCH`` of ``watch`` and write in ``MULTI`` what ``step`` decided, read
+        and decided again each time a concurrent write to a watched key made the write fail.
+
+        ``step`` reads through the pipeline and returns its value and the writes to queue
+        (``None``: nothing to write). After ``tries`` reads that all met a concurrent write:
+        :class:`redis.WatchError`, naming ``what`` kept changing (``while_``).
+        """
         with self.r.pipeline() as pipe:
-            for _ in range(EXPIRE_TRIES):
+            for _ in range(tries):
                 try:
-                    pipe.watch(key)
-                    raw = cast("bytes | None", pipe.get(key))
-                    record = decode_record(raw) if raw else None
-                    outcome = _expiry(record, call_id, now)
-                    if outcome != "expired" or record is None:
-                        return outcome, record
-                    record.updated = time.time()
-                    pipe.multi()
-                    self._queue_write(pipe, record)
-                    pipe.execute()
-                    return outcome, record
+                    pipe.watch(*watch)
+                    value, write = step(pipe)
+                    if write is not None:
+                        pipe.multi()
+                        write(pipe)
+                        pipe.execute()
+                    return value
                 except redis.WatchError:
-                    continue  # decided, claimed or cancelled meanwhile: look again
-        return "keep", None
+                    continue
+        raise redis.WatchError(f"{what}: the record kept changing {while_}".rstrip())
 
 
 def _expiry(record: SpawnRecord | None, call_id: str, now: float) -> ExpiryOutcome:
