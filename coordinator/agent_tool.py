@@ -89,6 +89,7 @@ class SpawnAgentTool(BaseTool):
                 spawn_id=child_spawn_id(context.spawn_id, context.call_id),
                 reason=args.reason,
                 budget_cap=cap,
+                parent_spawn_id=context.spawn_id,
             )
         except OngridError as exc:
             return ToolResult(content=str(exc), is_error=True)

@@ -492,6 +492,8 @@ async def partial_answer(
         state.messages.append(
             Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
         )
+        if is_error:
+            state.failed_calls.append(call.id)
     state.pending = []
     ask = Message(role="user", content=summary_request(reached))
     reply = await ask_model(

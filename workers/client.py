@@ -99,12 +99,14 @@ class SpawnClient:
         require_consumer: bool = True,
         budget: Budget | None = None,
         budget_cap: Budget | None = None,
+        parent_spawn_id: str = "",
     ) -> SpawnRecord:
         """Enqueue a spawn. Unknown persona or role: :class:`UserError` naming what exists.
 
         ``budget`` is the request's (:mod:`workers.budget`); ``budget_cap`` what the spawn that
         dispatches this one has left for it. The spawn runs within the tightest of those, the
-        organisation's and its persona's, resolved when it starts.
+        organisation's and its persona's, resolved when it starts. ``parent_spawn_id`` names the
+        spawn that dispatches this one, so a console can draw the child's tile under its parent.
 
         With ``spawn_id``, spawning is idempotent: a spawn of that id that exists already is
         returned as it is (a resumed coordinator re-attaches to the specialist it started).
@@ -144,6 +146,7 @@ class SpawnClient:
             background=background,
             queue=queue,
             reason=reason,
+            parent_spawn_id=parent_spawn_id,
             spawn_id=spawn_id or uuid.uuid4().hex,
             budget=SpawnBudget(requested=budget or Budget(), inherited=budget_cap or Budget()),
             # The span current here (the API request, or the coordinator's tool call) is the

@@ -124,6 +124,9 @@ class LoopState(BaseModel):
     pending: list[ToolCall] = Field(default_factory=list)
     started: list[str] = Field(default_factory=list)
     approvals: dict[str, Approval] = Field(default_factory=dict)
+    #: Ids of the calls whose result was an error (the transcript marks them; the messages
+    #: sent to the model carry no such flag).
+    failed_calls: list[str] = Field(default_factory=list)
     final: str | None = None
     event_index: int = 0
 
@@ -319,6 +322,8 @@ class _Run:
         self.state.messages.append(
             Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
         )
+        if is_error:
+            self.state.failed_calls.append(call.id)
         self.state.pending.pop(0)
 
     def _concurrent_reads(self) -> list[ToolCall]:

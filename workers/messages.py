@@ -95,6 +95,8 @@ class AgentTile(_Envelope):
     #: Context keys the persona's initial prompt needed and the spawn lacked (rendered
     #: ``<no value>``).
     missing_context: list[str] = Field(default_factory=list)
+    #: The spawn that dispatched this one (the coordinator's); empty for a top-level spawn.
+    parent_spawn_id: str = ""
 
 
 class ToolCallEvent(_Envelope):

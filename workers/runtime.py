@@ -546,6 +546,7 @@ class WorkerRuntime:
                 reason=record.reason or persona.catalog_hint,
                 background=persona.background,
                 missing_context=opening.missing,
+                parent_spawn_id=record.parent_spawn_id,
             )
             sink.emit(tile, 0)
             record.state.event_index = 1

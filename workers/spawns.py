@@ -119,6 +119,8 @@ class SpawnRecord(BaseModel):
     background: bool = False
     queue: str = ""
     reason: str = ""  # why this persona was chosen (the coordinator's matching hint)
+    #: The spawn that dispatched this one (a coordinator's); empty for a spawn a person started.
+    parent_spawn_id: str = ""
     status: SpawnStatus = "queued"
     attempts: int = 0  # executions started by a worker, resumptions included
     lost_attempts: int = 0  # attempts whose worker died (or stalled) before reporting back

@@ -52,8 +52,15 @@ def _tool_calls(record: SpawnRecord) -> list[dict[str, Any]]:
         for m in record.state.messages
         if m.role == "tool" and m.tool_call_id
     }
+    failed = set(record.state.failed_calls)
     return [
-        {"call_id": c.id, "name": c.name, "arguments": c.arguments, "result": results.get(c.id)}
+        {
+            "call_id": c.id,
+            "name": c.name,
+            "arguments": c.arguments,
+            "result": results.get(c.id),
+            "is_error": c.id in failed,
+        }
         for m in record.state.messages
         for c in m.tool_calls
     ]
@@ -66,6 +73,7 @@ def _transcript(record: SpawnRecord) -> dict[str, Any]:
             include={
                 "spawn_id",
                 "session_id",
+                "parent_spawn_id",
                 "persona",
                 "persona_source",
                 "status",

@@ -995,6 +995,9 @@ def test_decisions_need_the_approve_permission_and_resume_the_spawn(
     result = next(e for e in rest if e["event"] == "tool_result")["data"]
     assert result["is_error"] and "denied by alice" in result["content"]
     assert rest[-1]["data"]["message"] == "Left nginx alone."
+    # The transcript marks the denied call's result as an error, like the event did.
+    (card,) = client.get(f"/api/v1/spawns/{spawn_id}").json()["tool_calls"]
+    assert card["call_id"] == asking["call_id"] and card["is_error"] is True
     assert client.post(url, json=decision).status_code == 409
 
 
@@ -1061,6 +1064,11 @@ def test_the_coordinator_routes_to_the_matching_specialist(spawning: Api, cluste
     tiles = {e["data"]["persona"]: e["data"] for e in events if e["event"] == "agent_tile"}
     assert set(tiles) == {"coordinator", "disk_doctor"}
     assert tiles["disk_doctor"]["reason"] == "a filesystem is full"  # why it was chosen
+    # The child's tile names the coordinator's spawn: a console draws it under its parent.
+    assert tiles["disk_doctor"]["parent_spawn_id"] == spawn_id == tiles["coordinator"]["spawn_id"]
+    assert tiles["coordinator"]["parent_spawn_id"] == ""
+    child = client.get(f"/api/v1/spawns/{tiles['disk_doctor']['spawn_id']}").json()
+    assert child["parent_spawn_id"] == spawn_id
     assert [t["name"] for t in tiles["coordinator"]["tools"]] == ["spawn_agent"]
     assert events[-1]["event"] == "task_notification"
     assert events[-1]["data"]["spawn_id"] == spawn_id
