@@ -37,6 +37,7 @@ __all__ = [
     "Snapshot",
     "UserStore",
     "load_directory",
+    "read_only_reason",
 ]
 
 
@@ -97,6 +98,8 @@ class Snapshot:
     warnings: tuple[LoadWarning, ...] = ()
     unavailable: Mapping[str, str] = field(default_factory=dict)
     shadowed: Mapping[str, Source] = field(default_factory=dict)
+    #: Why each builtin or disk persona cannot be edited here (see :func:`read_only_reason`).
+    read_only: Mapping[str, str] = field(default_factory=dict)
     digest: str = ""
 
     def get(self, name: str) -> Persona:
@@ -114,7 +117,36 @@ class Snapshot:
         data["available"] = persona.name not in self.unavailable
         data["unavailable_reason"] = self.unavailable.get(persona.name)
         data["shadows"] = self.shadowed.get(persona.name)
+        data["editable"] = persona.name not in self.read_only
+        data["read_only_reason"] = self.read_only.get(persona.name)
         return data
+
+
+def read_only_reason(persona: Persona, *, shipped: bool = False) -> str | None:
+    """Why ``persona`` cannot be changed or deleted through the registry, and what to do
+    instead; ``None`` for a user persona. ``shipped``: a disk persona from the shipped root.
+
+    One message for both the refusal (:class:`ReadOnlyError`) and the listing, so a reader is
+    told before an edit what the edit would be refused with."""
+    name = persona.name
+    if persona.source is Source.USER:
+        return None
+    if persona.source is Source.DISK and shipped:
+        return (
+            f"agent {name!r} is shipped with the runtime ({persona.path}) and is read-only: "
+            "save a user persona with the same name, or put a file with that name in an "
+            "agents directory, to override it"
+        )
+    if persona.source is Source.DISK:
+        return (
+            f"agent {name!r} is a disk persona ({persona.path}) and is read-only here: edit "
+            "or remove the file and reload, or save a user persona with the same name to "
+            "shadow it"
+        )
+    return (
+        f"agent {name!r} is builtin and cannot be changed or deleted: save a user persona "
+        "with the same name to override it"
+    )
 
 
 def load_directory(directory: Path) -> tuple[list[Persona], list[LoadWarning]]:
@@ -312,25 +344,12 @@ class AgentRegistry:
     # -- internals -----------------------------------------------------------------------------
 
     def _editable(self, name: str) -> Persona:
-        persona = self._snapshot.get(name)
-        if persona.source is Source.USER:
-            return persona
-        if persona.source is Source.DISK and name in self._disk.shipped:
-            raise ReadOnlyError(
-                f"agent {name!r} is shipped with the runtime ({persona.path}) and is read-only: "
-                "save a user persona with the same name, or put a file with that name in an "
-                "agents directory, to override it"
-            )
-        if persona.source is Source.DISK:
-            raise ReadOnlyError(
-                f"agent {name!r} is a disk persona ({persona.path}) and is read-only here: edit "
-                "or remove the file and reload, or save a user persona with the same name to "
-                "shadow it"
-            )
-        raise ReadOnlyError(
-            f"agent {name!r} is builtin and cannot be changed or deleted: save a user persona "
-            "with the same name to override it"
-        )
+        snap = self._snapshot
+        persona = snap.get(name)
+        reason = snap.read_only.get(name)
+        if reason is not None:
+            raise ReadOnlyError(reason)
+        return persona
 
     def _load_disk(self) -> _DiskLayer:
         loaded: list[tuple[Persona, bool]] = []
@@ -396,12 +415,18 @@ class AgentRegistry:
                 reason = self._gate(persona)
                 if reason:
                     unavailable[persona.name] = reason
+        read_only = {
+            name: why
+            for name, persona in merged.items()
+            if (why := read_only_reason(persona, shipped=name in self._disk.shipped))
+        }
         self._snapshot = Snapshot(
             version=self._snapshot.version + 1,
             personas=MappingProxyType(merged),
             warnings=tuple(warnings),
             unavailable=MappingProxyType(unavailable),
             shadowed=MappingProxyType(shadowed),
+            read_only=MappingProxyType(read_only),
             digest=_digest(merged),
         )
         return self._snapshot

@@ -47,8 +47,10 @@ __all__ = [
     "HealthOut",
     "HistoryOut",
     "MessageIn",
+    "MeOut",
     "MessageOut",
     "PendingApprovalOut",
+    "PermissionsOut",
     "PersonaIn",
     "PersonaPatch",
     "ReadyOut",
@@ -154,6 +156,30 @@ class ReadyOut(BaseModel):
     checks: dict[str, str] = Field(description="Per dependency: `ok`, or why it failed.")
 
 
+# -- the caller --------------------------------------------------------------------------------
+
+
+class PermissionsOut(BaseModel):
+    """What the caller's role may do and see."""
+
+    edit_personas: bool = Field(description="Create, change and delete user personas; reload.")
+    approve: bool = Field(description="Decide on tool calls that need confirmation.")
+    audit: bool = Field(description="Read the approvals' audit trail.")
+    tools: list[str] = Field(description="Tool name patterns (`*` wildcards) the role sees.")
+
+
+class MeOut(BaseModel):
+    """Who the token speaks for, so a client can show only what the caller may do."""
+
+    user: str
+    role: str
+    permissions: PermissionsOut
+    roles: list[str] = Field(
+        description="Roles the caller may look at (e.g. a tool bag per role): every configured "
+        "role for a caller who may edit personas, else only their own."
+    )
+
+
 # -- chat --------------------------------------------------------------------------------------
 
 
@@ -216,6 +242,7 @@ class ToolCallOut(BaseModel):
     name: str
     arguments: str = Field(description="The JSON text the model produced.")
     result: str | None = Field(description="The tool's output; null while it has none.")
+    is_error: bool = Field(default=False, description="Its result was an error.")
 
 
 class UsageOut(BaseModel):
@@ -228,6 +255,9 @@ class TranscriptOut(BaseModel):
 
     spawn_id: str
     session_id: str
+    parent_spawn_id: str = Field(
+        default="", description="The spawn that dispatched this one; empty for a top-level spawn."
+    )
     persona: str
     persona_source: str = Field(description="builtin, disk or user; empty before it started.")
     model: str = Field(description="The model it runs on; empty before it started.")
@@ -450,6 +480,11 @@ class AgentOut(_AgentFields):  # type: ignore[misc,valid-type]
     available: bool
     unavailable_reason: str | None
     shadows: Source | None = Field(description="The source of the persona this one overrides.")
+    editable: bool = Field(description="Whether the API may change or delete it (user personas).")
+    read_only_reason: str | None = Field(
+        description="Why it is read-only and how to override it (the message a PATCH or DELETE "
+        "would be refused with); null for a user persona."
+    )
 
 
 class AgentChange(AgentOut):
@@ -504,7 +539,7 @@ class DroppedOut(BaseModel):
 
 
 class SkillsOut(BaseModel):
-    role: str
+    role: str = Field(description="The role whose view this is (`?role=`, else the caller's).")
     agent: str | None = Field(description="The persona whose bag this is, with `?agent=`.")
     tools: list[SkillOut]
     dropped: list[DroppedOut] = Field(

@@ -215,11 +215,12 @@ def test_request_and_response_fields_are_the_personas():
     assert list(PersonaIn.model_fields) == [*FILE_FIELDS, "body"]
     assert list(PersonaPatch.model_fields) == [*FILE_FIELDS, "body"]
     assert list(AgentOut.model_fields) == [
-        *Persona.model_fields, "available", "unavailable_reason", "shadows",
+        *Persona.model_fields, "available", "unavailable_reason", "shadows", "editable",
+        "read_only_reason",
     ]  # fmt: skip
     response_only = {
         "unknown_fields", "source", "path", "available", "unavailable_reason", "shadows",
-        "notice", "registry_version",
+        "editable", "read_only_reason", "notice", "registry_version",
     }  # fmt: skip
     assert response_only == RESPONSE_ONLY_FIELDS
     assert set(AgentChange.model_fields) - set(AgentOut.model_fields) == {
