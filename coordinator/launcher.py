@@ -516,7 +516,10 @@ def _demo_spawn(plan: _Plan, children: list[_Child], out: Console) -> None:
 def _print_access(plan: _Plan, options: UpOptions, out: Console) -> None:
     api = _local_url(options.api_host, options.api_port)
     flower = f"http://127.0.0.1:{options.flower_port}"
+    # The console first: it is what a person opens; the page asks for the token printed below.
+    sign_in = "the token below" if plan.token_file is not None else "a token of auth.tokens"
     lines = [
+        f"Console: {api}/  (sign in with {sign_in})",
         f"Workers: {options.workers} interactive, 1 background, 1 coordinator; "
         f"logs in {plan.settings.data_dir / 'logs'}",
         f"API: {api} (interactive docs: {api}/docs)",

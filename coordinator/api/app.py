@@ -3,7 +3,8 @@
 ``create_app(settings)`` wires the database (SQLite by default, PostgreSQL by URL; migrated at
 start when reachable, else on first contact), the persona registry over the ``agents`` table, the
 chat store, the spawn client (Celery + Redis) and the tool catalog, then mounts the routers,
-``/metrics`` and the request telemetry (traces exported when ``otlp_endpoint`` is set).
+``/metrics``, the request telemetry (traces exported when ``otlp_endpoint`` is set) and the web
+console at ``/``.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
+from pathlib import Path
 
 import redis
 import uvicorn
 from fastapi import FastAPI
 
-from coordinator.api import agents, approvals, chat, health, skills, spawns
+from coordinator.api import agents, approvals, chat, health, me, skills, spawns
+from coordinator.api.console import install_console
 from coordinator.api.deps import Services
 from coordinator.api.docs import install_docs
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
@@ -27,6 +30,7 @@ from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
 from coordinator.storage.personas import GuardedUserStore, SqlUserStore
+from coordinator.web import DIST
 from registry.defaults import build_registry
 from registry.settings import Settings
 from workers.celery_app import DEFAULT_REDIS_URL
@@ -88,8 +92,8 @@ def build_services(settings: Settings) -> Services:
     )
 
 
-def create_app(settings: Settings) -> FastAPI:
-    """The ASGI application for ``settings``."""
+def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
+    """The ASGI application for ``settings``; ``console_dist`` holds the web console's build."""
     services = build_services(settings)
     traced = init_tracing(settings, "ongrid-api")
 
@@ -117,10 +121,11 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     # Outermost: requests the body limit refuses are counted and traced too.
     scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)
-    for module in (chat, spawns, agents, skills, health):
+    for module in (me, chat, spawns, agents, skills, health):
         app.include_router(module.router)
     app.include_router(approvals.router)
     app.include_router(approvals.audit_router)
+    install_console(app, console_dist)
     return app
 
 

@@ -153,6 +153,8 @@ def test_up_makes_an_owner_only_token_and_prints_the_exports(running):
     assert stat.S_IMODE(running.data.stat().st_mode) == 0o700
     assert token_file.read_text().strip() == exports["ONGRID_TOKEN"]
     assert text.index("export ONGRID_TOKEN") < text.index(RUNNING)
+    console = f"Console: {running.api}/  (sign in with the token below)"
+    assert text.index(console) < text.index("Workers: ") < text.index("Token: the local")
     assert httpx.get(f"{running.api}/readyz", timeout=10).status_code == 200
 
 

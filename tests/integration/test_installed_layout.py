@@ -162,6 +162,21 @@ def test_the_wheel_holds_every_package_file_and_the_shipped_personas(installed: 
     assert not any(n.startswith(("agents/", "tests/")) for n in names)
 
 
+def test_the_wheel_carries_the_built_console(installed: Installed) -> None:
+    dist = REPO / "coordinator" / "web" / "dist"
+    if not (dist / "index.html").is_file():
+        pytest.skip(f"no console build in {dist} yet (node web/build.mjs makes it)")
+    built = sorted(p.relative_to(REPO).as_posix() for p in dist.rglob("*") if p.is_file())
+    assert "coordinator/web/dist/assets/app.js" in built, built
+    assert "coordinator/web/dist/assets/app.css" in built, built
+    with zipfile.ZipFile(installed.wheel) as wheel:
+        names = set(wheel.namelist())
+        missing = [name for name in built if name not in names]
+        assert not missing, f"console files missing from {installed.wheel.name}: {missing}"
+        for name in built:
+            assert wheel.read(name) == (REPO / name).read_bytes(), name
+
+
 def test_the_installed_wheel_lists_the_shipped_personas_from_an_empty_directory(
     tmp_path: Path, installed: Installed
 ) -> None:
