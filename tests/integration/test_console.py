@@ -1,0 +1,410 @@
+"""The web console end to end: headless Chromium, as the people of the config, against a real
+``ongrid api`` and worker (the model faked), every request through a proxy the test can cut.
+
+Each test waits only on what the page shows (Playwright's ``expect``, bounded); the site and its
+people are :mod:`console_site`'s. Screenshots land in ``artifacts/console/``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import console_site
+from console_site import (
+    FIX_TASK,
+    FIXED,
+    NIGHTLY,
+    NIGHTLY_DONE,
+    OPS_ANSWER,
+    OPS_QUESTION,
+    PERSONAS,
+    ROUTE_REASON,
+    ROUTED,
+    ROUTED_ANSWER,
+    STREAMED,
+    STREAMED_ANSWER,
+    VIEWER_TASK,
+    WAIT_MS,
+    WARM_UP,
+    WARM_UP_ANSWER,
+    WIPE,
+    WIPED,
+    ConsoleSite,
+    approval,
+    ask,
+    background_runs,
+    button,
+    conversation,
+    heading_above,
+    last_prose,
+    tile,
+    wait_under,
+)
+from harness import MODEL, wait_for
+from playwright.sync_api import Locator, Page, expect
+
+from coordinator.storage.chats import ChatStore
+from coordinator.storage.engine import make_engine, upgrade
+from workers.loop import LoopState
+from workers.messages import EVENT_ADAPTER, Message, ToolCall
+from workers.spawns import SpawnRecord
+
+# The fixtures, under the names the tests ask for.
+chromium = console_site.chromium
+console = console_site.console
+
+#: A session's event stream, the one path the SSE-cut test counts connections to.
+SESSION_EVENTS = r"^/api/v1/chat/sessions/[^/?]+/events"
+#: Seconds the proxy holds back each event of a streamed model reply in the SSE-cut test.
+PACE = 0.15
+
+
+def _agent_row(page: Page, name: str) -> Locator:
+    return page.locator(f'[data-testid="agent-row"][data-name="{name}"]')
+
+
+def _open_editor(page: Page, action: str, name: str) -> None:
+    """Click "Edit <name>" or "View <name>", a link or a button."""
+    label = f"{action} {name}"
+    page.get_by_role("link", name=label, exact=True).or_(
+        page.get_by_role("button", name=label, exact=True)
+    ).click()
+    expect(page.get_by_role("heading", name=label, exact=True)).to_be_visible()
+
+
+def _wait_persona(
+    site: ConsoleSite, name: str, wanted: Callable[[dict[str, Any] | None], Any], what: str
+) -> None:
+    """Wait until the API's view of persona ``name`` (None: there is none) is ``wanted``."""
+
+    def current() -> dict[str, Any] | None:
+        found = site.api("alice").get(f"/api/v1/agents/{name}")
+        return found.json() if found.status_code == 200 else None
+
+    wait_for(lambda: wanted(current()), WAIT_MS / 1000, f"persona {name} {what}", every=0.2)
+
+
+def test_a_routed_question_shows_its_specialist_and_an_approved_call_completes_it(
+    console: ConsoleSite,
+):
+    page = console.visit("alice")
+    ask(page, ROUTED)  # no agent picked: the coordinator routes it
+
+    fixer = tile(page, "fixer")
+    expect(fixer, "the tile of the specialist the coordinator chose").to_be_visible()
+    expect(fixer).to_contain_text("fixer")
+    expect(fixer).to_contain_text(PERSONAS["fixer"]["description"])
+    expect(fixer.get_by_test_id("tile-reason")).to_contain_text(ROUTE_REASON)
+    tools = fixer.get_by_test_id("tile-tools").locator("li")
+    expect(tools).to_have_count(1)
+    expect(tools.first).to_contain_text("restart_thing")
+    expect(tools.first).to_contain_text("write")
+
+    button(fixer, "Open transcript of fixer").click()
+    transcript = page.get_by_role("dialog", name="Transcript of fixer")
+    card = approval(transcript, "restart_thing")
+    expect(card, "the call waiting for approval, in the transcript").to_be_visible()
+    expect(card).to_contain_text("exporter")  # its arguments
+    expect(card.get_by_test_id("approval-meaning")).not_to_be_empty()
+    button(card, "Approve").click()
+
+    run = transcript.locator('[data-testid="tool-card"][data-tool="restart_thing"]')
+    expect(run.get_by_test_id("tool-result")).to_contain_text("restarted exporter")
+    expect(transcript.get_by_test_id("transcript-status")).to_contain_text("ok")
+    expect(transcript.get_by_test_id("message").last).to_contain_text(FIXED)
+    console.shoot(page, "transcript")
+    button(transcript, "Close").click()
+
+    expect(last_prose(page), "the coordinator's answer").to_contain_text(ROUTED_ANSWER)
+    expect(fixer.get_by_test_id("tile-status")).to_have_text("ok")
+    console.shoot(page, "chat")
+    assert console.cluster.tool_runs() == ["restart_thing"]
+    bags = {
+        tuple(t["function"]["name"] for t in r["tools"])
+        for r in console.cluster.fake.requests_for(FIX_TASK)
+    }
+    assert bags == {("restart_thing",)}  # the tile showed the bag the model was given
+
+
+def test_a_dual_signed_call_waits_for_a_second_person_in_another_browser(console: ConsoleSite):
+    alice = console.visit("alice")
+    ask(alice, WIPE, agent="wiper")
+    mine = approval(conversation(alice), "wipe_thing")
+    expect(mine, "alice's card of the destructive call").to_be_visible()
+    spawn_id = tile(alice, "wiper").get_attribute("data-spawn-id")
+    assert spawn_id
+
+    carol = console.visit("carol", "/approvals")
+    expect(carol.get_by_role("heading", name="Waiting for your decision")).to_be_visible()
+    hers = approval(carol, "wipe_thing")
+    expect(hers).to_be_visible()
+    listing = carol.get_by_role("main")
+    expect(listing).to_contain_text("alice")  # the owner
+    expect(listing).to_contain_text("wiper")  # the persona
+    expect(listing.locator(f'a[href="/spawns/{spawn_id}"]')).to_have_text("Open transcript")
+    button(hers, "Approve").click()
+
+    signers = "Approved by carol; needs one more approval from someone else"
+    expect(hers.get_by_test_id("approval-signers")).to_contain_text(signers)
+    expect(button(hers, "Approve"), "carol's second signature is not offered").to_have_count(0)
+    expect(mine.get_by_test_id("approval-signers")).to_contain_text(signers)
+    console.shoot(carol, "approvals")
+    assert console.status(spawn_id) == "waiting" and console.cluster.tool_runs() == []
+
+    erin = console.visit("erin", "/approvals")
+    button(approval(erin, "wipe_thing"), "Approve").click()
+
+    expect(last_prose(alice), "the answer, once erin signed too").to_contain_text(WIPED)
+    assert console.cluster.tool_runs() == ["wipe_thing"]
+
+
+def test_a_background_runs_approval_is_decided_in_its_panel_and_it_moves_to_done(
+    console: ConsoleSite,
+):
+    page = console.visit("alice")
+    ask(page, NIGHTLY, agent="nightly")
+    spawn_id = tile(page, "nightly").get_attribute("data-spawn-id")
+    assert spawn_id
+    panel = background_runs(page)
+    item = panel.locator(f'[data-testid="bg-item"][data-spawn-id="{spawn_id}"]')
+    expect(item).to_contain_text("nightly")
+
+    card = approval(panel, "restart_thing")
+    expect(card, "the background run's approval in its panel").to_be_visible()
+    wait_under(card, "Needs input", "the background run's approval")
+    button(card, "Approve").click()
+
+    wait_under(item, "Done", "the background run")
+    expect(item.get_by_test_id("bg-notification")).to_have_text(NIGHTLY_DONE)
+    assert heading_above(item).startswith("Done")
+    assert console.cluster.tool_runs() == ["restart_thing"]
+
+
+def test_a_persona_is_made_used_edited_and_deleted_and_a_disk_one_is_read_only(
+    console: ConsoleSite,
+):
+    # The server's 422 for the bad name is logged by Chromium as a failed request.
+    console.allow_console_error(r"status of 422")
+    page = console.visit("alice", "/settings/agents")
+    expect(page.get_by_role("heading", name="Agents", exact=True)).to_be_visible()
+    button(page, "New persona").click()
+    expect(page.get_by_role("heading", name="New persona", exact=True)).to_be_visible()
+    name = page.get_by_label("Name", exact=True)
+    name.fill("ops helper")  # a space: not a persona name
+    page.get_by_label("Description", exact=True).fill("Finds the runbook for an alert.")
+    page.get_by_label("When to use", exact=True).fill("When someone asks for a runbook.")
+    page.get_by_label("Model", exact=True).fill(MODEL)
+    page.get_by_label("System prompt", exact=True).fill("# Ops helper\n\nYou find runbooks.")
+    button(page, "Save").click()
+
+    expect(name, "the name's error at its field").to_have_attribute("aria-invalid", "true")
+    error = page.locator("#field-name-error")
+    expect(error).not_to_be_empty()
+    assert "field-name-error" in (name.get_attribute("aria-describedby") or "").split()
+    name.fill("ops-helper")
+    button(page, "Save").click()
+    _wait_persona(console, "ops-helper", lambda found: found is not None, "to be saved")
+
+    page.goto("/settings/agents")
+    row = _agent_row(page, "ops-helper")
+    expect(row.get_by_test_id("agent-source")).to_have_text("user")
+    expect(row.get_by_test_id("agent-availability")).to_have_text("available")
+
+    page.goto("/chat")
+    ask(page, OPS_QUESTION, agent="ops-helper")
+    expect(last_prose(page), "the new persona's answer").to_have_text(OPS_ANSWER)
+
+    page.goto("/settings/agents")
+    _open_editor(page, "Edit", "ops-helper")
+    page.get_by_label("Description", exact=True).fill("Finds and explains the runbook.")
+    button(page, "Save").click()
+    edited = "Finds and explains the runbook."
+    _wait_persona(
+        console, "ops-helper", lambda found: found and found["description"] == edited, "edited"
+    )
+    page.goto("/settings/agents")
+    _open_editor(page, "Edit", "ops-helper")
+    expect(page.get_by_label("Description", exact=True)).to_have_value(edited)
+    button(page, "Delete").click()
+    button(page, "Confirm delete").click()
+    _wait_persona(console, "ops-helper", lambda found: found is None, "to be deleted")
+
+    page.goto("/settings/agents")
+    expect(_agent_row(page, "diskonly").get_by_test_id("agent-source")).to_have_text("disk")
+    expect(_agent_row(page, "ops-helper"), "the deleted persona's row").to_have_count(0)
+    _open_editor(page, "View", "diskonly")
+    expect(page.get_by_test_id("read-only-reason")).to_contain_text("disk")
+    expect(page.get_by_label("Description", exact=True)).to_be_disabled()
+    expect(button(page, "Save as user persona")).to_be_visible()
+    console.shoot(page, "agents")
+
+    page.goto("/settings/skills")
+    expect(page.get_by_role("heading", name="Skills", exact=True)).to_be_visible()
+    skills = page.get_by_role("table", name="Tools your role can see")
+    expect(skills.locator('[data-testid="skill-row"][data-name="restart_thing"]')).to_be_visible()
+    console.shoot(page, "skills")
+
+
+def test_a_cut_stream_reconnects_and_the_answer_shows_exactly_once(console: ConsoleSite):
+    # The cut drops every connection the page holds: Chromium logs those failed loads.
+    console.allow_console_error(r"net::ERR_")
+    page = console.visit("alice")
+    ask(page, WARM_UP, agent="probe")
+    expect(last_prose(page)).to_have_text(WARM_UP_ANSWER)
+    indicator = page.get_by_test_id("connection")
+    expect(indicator).to_have_text("Live")
+    console.llm.pace = PACE  # the next answer arrives a word at a time
+    ask(page, STREAMED, agent="probe")
+    expect(conversation(page).get_by_test_id("turn")).to_have_count(2)
+    prose = last_prose(page)
+    expect(prose, "the first words of the answer").to_contain_text(
+        " ".join(STREAMED_ANSWER.split()[:4])
+    )
+    assert prose.inner_text().strip() != STREAMED_ANSWER, "the answer streamed before the cut"
+    assert console.proxy.connections_to(SESSION_EVENTS) >= 1
+    page.evaluate(_RECORD_STATES)
+
+    assert console.proxy.cut() >= 1
+
+    expect(prose, "the whole answer after the reconnect").to_have_text(STREAMED_ANSWER)
+    expect(indicator).to_have_text("Live")
+    assert prose.inner_text().strip() == STREAMED_ANSWER  # exactly once, nothing doubled
+    assert console.proxy.connections_to(SESSION_EVENTS) >= 2
+    seen = page.evaluate("window.__connectionStates")
+    print(f"connection states after the cut: {seen}")
+    assert set(seen) <= {"Live", "Reconnecting…"}, seen
+
+
+#: Records each text the connection indicator shows from now on (the element may be replaced).
+_RECORD_STATES = """() => {
+    window.__connectionStates = [];
+    const note = () => {
+        const shown = document.querySelector('[data-testid="connection"]');
+        const text = shown ? shown.textContent.trim() : "";
+        if (text && window.__connectionStates.at(-1) !== text) {
+            window.__connectionStates.push(text);
+        }
+    };
+    new MutationObserver(note).observe(document.body, {
+        subtree: true, childList: true, characterData: true,
+    });
+}"""
+
+
+def test_a_viewer_sees_pending_calls_and_personas_without_the_controls_to_change_them(
+    console: ConsoleSite,
+):
+    spawn_id = console.park("alice", "fixer", VIEWER_TASK)
+
+    bob = console.visit("bob", "/approvals")
+    card = approval(bob, "restart_thing")
+    expect(card).to_contain_text("cache")
+    expect(card.get_by_test_id("approval-meaning")).not_to_be_empty()
+    expect(button(bob, "Approve")).to_have_count(0)
+    expect(button(bob, "Deny")).to_have_count(0)
+
+    bob.goto(f"/spawns/{spawn_id}")
+    card = approval(bob, "restart_thing")
+    expect(card.get_by_test_id("approval-meaning")).not_to_be_empty()
+    expect(button(card, "Approve")).to_have_count(0)
+    expect(button(card, "Deny")).to_have_count(0)
+
+    bob.goto("/settings/agents")
+    expect(_agent_row(bob, "fixer")).to_be_visible()
+    expect(button(bob, "New persona")).to_have_count(0)
+    assert console.status(spawn_id) == "waiting"
+
+
+# -- a long session, written straight into the stores, as a real run leaves them ----------
+
+LONG_QUESTION = "Probe every host of the fleet."
+LONG_ANSWER = "All hosts of the fleet answered their probe and are healthy."
+
+
+def _seed_long_session(site: ConsoleSite, probes: int) -> tuple[str, str]:
+    """A finished session of alice's whose one ``probe`` spawn made ``probes`` tool calls: the
+    question in the API's database, the spawn's record in its store and its tile, calls,
+    results, text and notification on the event bus, as a real run leaves them. Returns the
+    session's id and the spawn's; ``2 * probes`` + about a dozen events in all."""
+    engine = make_engine(site.env["ONGRID_DATABASE_URL"])
+    try:
+        upgrade(engine)  # the API has migrated it already; this only waits for that
+        chats = ChatStore(engine)
+        session_id = chats.create_session("alice", "A fleet-wide probe")
+        messages = [Message(role="user", content=LONG_QUESTION)]
+        calls = [
+            ToolCall(id=f"call_{n}", name="count_probe", arguments=json.dumps({"target": f"h{n}"}))
+            for n in range(probes)
+        ]
+        for made in calls:
+            messages.append(Message(role="assistant", tool_calls=[made]))
+            messages.append(
+                Message(role="tool", tool_call_id=made.id, name=made.name, content=_probed(made))
+            )
+        messages.append(Message(role="assistant", content=LONG_ANSWER))
+        record = SpawnRecord(
+            session_id=session_id,
+            persona="probe",
+            prompt=LONG_QUESTION,
+            user="alice",
+            role="admin",
+            status="ok",
+            result=LONG_ANSWER,
+            state=LoopState(messages=messages, turns=probes + 1, final=LONG_ANSWER),
+        )
+        site.cluster.client.store.create(record)
+        chats.add_message(
+            session_id, "user", LONG_QUESTION, agent="probe", spawn_id=record.spawn_id
+        )
+    finally:
+        engine.dispose()
+    _publish_run(site, record, calls)
+    return session_id, record.spawn_id
+
+
+def _probed(made: ToolCall) -> str:
+    return f"probed {json.loads(made.arguments)['target']}: healthy"
+
+
+def _publish_run(site: ConsoleSite, record: SpawnRecord, calls: list[ToolCall]) -> None:
+    """The spawn's events in the order a run publishes them: tile, each call and its result,
+    the answer's words, the notification."""
+    tools = [{"name": "count_probe", "class": "read", "confirmation": "none"}]
+    events: list[dict[str, Any]] = [
+        {"type": "agent_tile", "persona": "probe", "description": "Probe.", "tools": tools}
+    ]
+    for made in calls:
+        seen = {"call_id": made.id, "name": made.name}
+        events.append({"type": "tool_call", **seen, "arguments": made.arguments})
+        events.append({"type": "tool_result", **seen, "content": _probed(made)})
+    events += [{"type": "text", "text": w} for w in re.split(r"(?<=\s)(?=\S)", LONG_ANSWER)]
+    events.append(
+        {"type": "task_notification", "status": "ok", "persona": "probe", "message": LONG_ANSWER}
+    )
+    ids = {"session_id": record.session_id, "spawn_id": record.spawn_id}
+    for event in events:
+        site.cluster.client.bus.publish(EVENT_ADAPTER.validate_python({**event, **ids}))
+
+
+def test_a_session_of_a_thousand_events_renders_every_tool_call(console: ConsoleSite):
+    probes = 495
+    session_id, _spawn_id = _seed_long_session(console, probes)
+    events = len(console.cluster.history(session_id))
+    assert events >= 1_000, events
+
+    started = time.monotonic()
+    page = console.visit("alice", f"/chat/{session_id}")
+    probe = tile(page, "probe")
+    expect(last_prose(page)).to_contain_text(LONG_ANSWER)
+    button(probe, "Open transcript of probe").click()
+    transcript = page.get_by_role("dialog", name="Transcript of probe")
+    expect(transcript.get_by_test_id("tool-card")).to_have_count(probes)
+    rendered = time.monotonic() - started
+    assert page.evaluate("() => document.querySelectorAll('[data-testid=tool-card]').length") >= (
+        probes
+    )
+    print(f"{events} events: the session and its transcript rendered in {rendered:.1f} s")
