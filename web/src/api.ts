@@ -5,6 +5,16 @@ import type { Problem } from "./types";
 /** Seconds a plain request may take before it is abandoned with an error that says so. */
 const REQUEST_TIMEOUT_MS = 30_000;
 
+/** At most this long the turn's own stream is held while the session's follower connects. */
+const HOLD_TURN_STREAM_MS = 15_000;
+
+export interface StartedTurn {
+  sessionId: string;
+  spawnId: string;
+  /** Lets go of the turn's own event stream (the session's follower reads the events). */
+  release: () => void;
+}
+
 export class ApiError extends Error {
   constructor(
     readonly status: number,
@@ -87,7 +97,7 @@ export class Api {
     text: string,
     agent: string,
     context: Record<string, string>,
-  ): Promise<{ sessionId: string; spawnId: string }> {
+  ): Promise<StartedTurn> {
     const path = sessionId
       ? `/api/v1/chat/sessions/${encodeURIComponent(sessionId)}/messages`
       : "/api/v1/chat";
@@ -110,12 +120,19 @@ export class Api {
       clearTimeout(timer);
     }
     if (!response.ok) throw await errorFrom(response);
-    const ids = {
+    // The turn's own stream stays open until the session's follower is live (workers stream a
+    // reply token by token only while someone watches the session), then is let go: closing
+    // our side ends only this stream, never the turn (coordinator/api/chat.py).
+    const stream = response.body;
+    const release = () => void stream?.cancel().catch(() => undefined);
+    const released = setTimeout(release, HOLD_TURN_STREAM_MS);
+    return {
       sessionId: response.headers.get("X-Session-Id") ?? sessionId ?? "",
       spawnId: response.headers.get("X-Spawn-Id") ?? "",
+      release: () => {
+        clearTimeout(released);
+        release();
+      },
     };
-    // Closing our side ends only this stream, never the turn (coordinator/api/chat.py).
-    void response.body?.cancel().catch(() => undefined);
-    return ids;
   }
 }

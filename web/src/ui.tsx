@@ -1,6 +1,6 @@
 // Small shared pieces: an error line, a status badge, folded long text, a route link.
 import type { ComponentChildren, JSX } from "preact";
-import { useState } from "preact/hooks";
+import { useEffect, useState } from "preact/hooks";
 import { useApp } from "./context";
 
 export function ErrorNote({ error }: { error: unknown }) {
@@ -71,4 +71,16 @@ export function pretty(json: string): string {
 
 export function money(cost: number): string {
   return `$${cost.toFixed(cost >= 1 ? 2 : 4)}`;
+}
+
+/** How many of ``total`` items to render: ``step`` more each animation frame, so a list of
+ * thousands appears within a few frames instead of freezing the page for one long one. */
+export function useProgressive(total: number, step = 150): number {
+  const [shown, setShown] = useState(Math.min(total, step));
+  useEffect(() => {
+    if (shown >= total) return;
+    const frame = requestAnimationFrame(() => setShown((n) => Math.min(total, n + step)));
+    return () => cancelAnimationFrame(frame);
+  }, [shown, total, step]);
+  return Math.min(shown, total);
 }

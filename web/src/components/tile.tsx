@@ -4,8 +4,8 @@ import { memo } from "preact/compat";
 import { useState } from "preact/hooks";
 import { useApprovals } from "../approvals";
 import { useApp } from "../context";
-import { type SpawnView, needsInput, statusOf } from "../session";
-import { Badge, ErrorNote, Folded, money } from "../ui";
+import { type CallView, type SpawnView, needsInput, statusOf } from "../session";
+import { Badge, ErrorNote, Folded, money, useProgressive } from "../ui";
 import { ApprovalCard } from "./approval";
 import { ToolCard } from "./toolcard";
 
@@ -75,6 +75,17 @@ export function Pending({ spawn }: { spawn: SpawnView }) {
   );
 }
 
+function ActivityList({ calls }: { calls: CallView[] }) {
+  const shown = useProgressive(calls.length);
+  return (
+    <div class="activity">
+      {calls.slice(0, shown).map((c) => (
+        <ToolCard key={c.callId} name={c.name} arguments={c.arguments} result={c.result} isError={c.isError} />
+      ))}
+    </div>
+  );
+}
+
 function Activity({ spawn }: { spawn: SpawnView }) {
   const [open, setOpen] = useState(false);
   const calls = [...spawn.calls.values()];
@@ -85,13 +96,7 @@ function Activity({ spawn }: { spawn: SpawnView }) {
       onToggle={(e) => setOpen((e.currentTarget as HTMLDetailsElement).open)}
     >
       <summary>Tool calls ({calls.length})</summary>
-      {open && (
-        <div class="activity">
-          {calls.map((c) => (
-            <ToolCard key={c.callId} name={c.name} arguments={c.arguments} result={c.result} isError={c.isError} />
-          ))}
-        </div>
-      )}
+      {open && <ActivityList calls={calls} />}
     </details>
   );
 }

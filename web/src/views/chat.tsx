@@ -10,6 +10,18 @@ import type { Agent, ChatSession, History, SessionEvent, Transcript } from "../t
 import { Badge, ErrorNote, Link } from "../ui";
 import { TranscriptDialog } from "./transcript";
 
+/** Turn streams held until their session's follower is live, by session id. */
+const heldTurnStreams = new Map<string, (() => void)[]>();
+
+function hold(sessionId: string, release: () => void): void {
+  heldTurnStreams.set(sessionId, [...(heldTurnStreams.get(sessionId) ?? []), release]);
+}
+
+function letGo(sessionId: string): void {
+  for (const release of heldTurnStreams.get(sessionId) ?? []) release();
+  heldTurnStreams.delete(sessionId);
+}
+
 /** A spawn's usage is looked up at most this often while its events come in. */
 const USAGE_EVERY_MS = 1000;
 
@@ -97,7 +109,10 @@ function useSession(sessionId: string | undefined): Live {
         if (event.type === "task_notification" && roots().has(event.spawn_id)) reloadHistory();
         repaint();
       },
-      onState: (s) => setConnection(s),
+      onState: (s) => {
+        setConnection(s);
+        if (s === "live") letGo(sessionId);
+      },
       onFatal: (_status, why) => setFatal(why),
     });
     const timers = usageTimers.current;
@@ -156,7 +171,13 @@ function Composer({
   onStarted,
 }: {
   sessionId?: string;
-  onStarted: (sessionId: string, spawnId: string, question: string, agent: string) => void;
+  onStarted: (
+    sessionId: string,
+    spawnId: string,
+    question: string,
+    agent: string,
+    release: () => void,
+  ) => void;
 }) {
   const { api } = useApp();
   const [text, setText] = useState("");
@@ -181,9 +202,9 @@ function Composer({
     setBusy(true);
     setError(null);
     try {
-      const ids = await api.startTurn(sessionId ?? null, question, agent, context);
+      const turn = await api.startTurn(sessionId ?? null, question, agent, context);
       setText("");
-      onStarted(ids.sessionId, ids.spawnId, question, agent);
+      onStarted(turn.sessionId, turn.spawnId, question, agent, turn.release);
     } catch (exc) {
       setError(exc instanceof ApiError ? exc : String(exc));
     } finally {
@@ -377,8 +398,16 @@ export function ChatPage({ sessionId }: { sessionId?: string }) {
   const [listRev, setListRev] = useState(0);
   useEffect(() => setOpen(null), [sessionId]);
 
-  const started = (sid: string, spawnId: string, question: string, agent: string) => {
+  const started = (
+    sid: string,
+    spawnId: string,
+    question: string,
+    agent: string,
+    release: () => void,
+  ) => {
     setListRev((n) => n + 1);
+    if (sid === sessionId && live.connection === "live") release();
+    else hold(sid, release);
     if (sid !== sessionId) {
       navigate(`/chat/${encodeURIComponent(sid)}`);
       return;

@@ -7,7 +7,7 @@ import { ApprovalCard } from "../components/approval";
 import { ToolCard } from "../components/toolcard";
 import { useApp } from "../context";
 import type { Message, Transcript } from "../types";
-import { Badge, ErrorNote, Folded, money } from "../ui";
+import { Badge, ErrorNote, Folded, money, useProgressive } from "../ui";
 
 const FINISHED = new Set(["ok", "failed", "cancelled"]);
 /** While a spawn runs and nothing tells us it changed (the page of its own), look again. */
@@ -82,6 +82,7 @@ export function TranscriptBody({
     }
   }
   const finished = FINISHED.has(transcript.status);
+  const shown = useProgressive(transcript.messages.length);
   return (
     <div class="transcript">
       <dl class="facts">
@@ -115,7 +116,7 @@ export function TranscriptBody({
         <p class="warning">Missing context: {transcript.missing_context.join(", ")}</p>
       )}
       <div class="messages">
-        {transcript.messages.map((m, i) => (
+        {transcript.messages.slice(0, shown).map((m, i) => (
           <MessageView key={i} message={m} results={results} errors={known} />
         ))}
       </div>
