@@ -11,6 +11,7 @@ own Redis connections; the spawns behind the stream run on, their events wait in
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
@@ -26,6 +27,8 @@ from starlette.types import Receive, Scope, Send
 from workers.events import EventBus
 from workers.messages import Event
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "KEEPALIVE_SECONDS",
     "EventStreamResponse",
@@ -36,6 +39,12 @@ __all__ = [
 ]
 
 KEEPALIVE_SECONDS = 15.0
+#: Seconds Redis may fail to answer before an open stream is ended: the client's reconnect then
+#: gets the 503 that names the cause, instead of keepalives from a stream that can deliver
+#: nothing. Short outages (a Redis restart) pass unnoticed: the bus retries meanwhile.
+REDIS_GIVE_UP_SECONDS = 30.0
+#: Seconds one Redis health check of an open stream may take.
+_PING_TIMEOUT = 5.0
 
 StreamFactory = Callable[[asyncio.Event], AsyncIterator[bytes]]
 
@@ -77,18 +86,22 @@ async def follow(
     on_event: Callable[[Event], Awaitable[None]] | None = None,
     keep: Callable[[Event], bool] | None = None,
     bus_type: type[EventBus] = EventBus,
+    keepalive: float = KEEPALIVE_SECONDS,
+    give_up_after: float = REDIS_GIVE_UP_SECONDS,
 ) -> AsyncIterator[bytes]:
     """SSE messages for the session's events after ``after``, live, until ``stop`` is set, an
     event satisfies ``until``, or (with ``idle``) nothing came for ``idle`` seconds.
     ``on_event`` runs before an event is sent (e.g. to store a final answer first); an event
     ``keep`` rejects is not sent. ``bus_type``: the bus the events are on (a session's, or a
-    feed of its own such as the approval feed)."""
+    feed of its own such as the approval feed). Ends, with a warning logged, once Redis has not
+    answered for ``give_up_after`` seconds (no keepalive is sent meanwhile)."""
     aclient = redis.asyncio.Redis.from_url(redis_url)
     bus = bus_type(client, async_client=aclient)
     last, quiet_since = after, time.monotonic()
+    failing_since: float | None = None
     try:
         while not stop.is_set():
-            wait = KEEPALIVE_SECONDS
+            wait = keepalive
             if idle is not None:
                 wait = min(wait, idle - (time.monotonic() - quiet_since))
                 if wait <= 0:
@@ -105,7 +118,24 @@ async def follow(
                     yield sse_message(event)
                     if until is not None and until(event):
                         return
-            if not stop.is_set() and (idle is None or time.monotonic() - quiet_since < idle):
+            if stop.is_set():
+                break
+            try:
+                await asyncio.wait_for(aclient.ping(), _PING_TIMEOUT)
+                failing_since = None
+            except (redis.RedisError, OSError, TimeoutError) as exc:
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                if now - failing_since >= give_up_after:
+                    log.warning(
+                        "ending the event stream of %s: Redis has not answered for %.0f s (%s)",
+                        session_id,
+                        now - failing_since,
+                        exc,
+                    )
+                    return
+                continue
+            if idle is None or time.monotonic() - quiet_since < idle:
                 yield b": keepalive\n\n"
     finally:
         with anyio.CancelScope(shield=True):

@@ -93,6 +93,7 @@ async def approval_events(
 ) -> EventStreamResponse:
     """Requests and decisions of the spawns the caller approves for, then live, until
     disconnect. Without `after` or `Last-Event-ID`, from the start of the feed's retention."""
+    await run_in_threadpool(svc.probe.ping)  # a 503 naming the cause rather than a mute stream
 
     def mine(event: Event) -> bool:
         owner = _owner(event)

@@ -253,6 +253,7 @@ async def session_events(
     until_idle: UntilIdle = None,
 ) -> EventStreamResponse:
     """The session's events after `Last-Event-ID` (or `after`), then live, until disconnect."""
+    await run_in_threadpool(svc.probe.ping)  # a 503 naming the cause rather than a mute stream
 
     async def settle(event: Event) -> None:
         if event.type == "task_notification":

@@ -69,6 +69,7 @@ export function follow(options: FollowOptions): () => void {
   let stopped = false;
   let attempt = 0;
   let controller: AbortController | null = null;
+  let detail = "";
   const silence = (options.silenceSeconds ?? 45) * 1000;
 
   const run = async (): Promise<void> => {
@@ -98,7 +99,10 @@ export function follow(options: FollowOptions): () => void {
           stopped = true;
           break;
         }
-        if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+        if (!response.ok || !response.body) {
+          const text = await response.text().catch(() => "");
+          throw new Error(`HTTP ${response.status}: ${messageOf(text) ?? response.statusText}`);
+        }
         attempt = 0;
         options.onState?.("live");
         const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
@@ -115,14 +119,15 @@ export function follow(options: FollowOptions): () => void {
         }
       } catch (exc) {
         if (stopped) break;
-        options.onState?.("reconnecting", String(exc));
+        detail = exc instanceof Error ? exc.message : String(exc);
       } finally {
         clearTimeout(watchdog);
       }
       if (stopped) break;
       const wait = BACKOFF_MS[Math.min(attempt, BACKOFF_MS.length - 1)] ?? 8000;
       attempt += 1;
-      options.onState?.("reconnecting");
+      options.onState?.("reconnecting", detail || "the connection ended");
+      detail = "";
       await new Promise((resolve) => setTimeout(resolve, wait));
     }
     options.onState?.("closed");

@@ -28,6 +28,8 @@ const USAGE_EVERY_MS = 1000;
 interface Live {
   state: SessionState;
   connection: StreamState;
+  /** Why the last connection ended, while reconnecting. */
+  why: string;
   fatal: string;
   rev: number;
   reloadHistory: () => void;
@@ -40,6 +42,7 @@ function useSession(sessionId: string | undefined): Live {
   const [rev, setRev] = useState(0);
   const [connection, setConnection] = useState<StreamState>("connecting");
   const [fatal, setFatal] = useState("");
+  const [why, setWhy] = useState("");
   const frame = useRef(0);
   const usageTimers = useRef(new Map<string, ReturnType<typeof setTimeout>>());
 
@@ -109,8 +112,10 @@ function useSession(sessionId: string | undefined): Live {
         if (event.type === "task_notification" && roots().has(event.spawn_id)) reloadHistory();
         repaint();
       },
-      onState: (s) => {
+      onState: (s, why) => {
         setConnection(s);
+        if (s !== "reconnecting") setWhy("");
+        else if (why) setWhy(why);
         if (s === "live") letGo(sessionId);
       },
       onFatal: (_status, why) => setFatal(why),
@@ -125,7 +130,7 @@ function useSession(sessionId: string | undefined): Live {
     };
   }, [api, sessionId, state, reloadHistory, lookUpUsage, repaint]);
 
-  return { state, connection, fatal, rev, reloadHistory };
+  return { state, connection, why, fatal, rev, reloadHistory };
 }
 
 function Sessions({ current, rev }: { current?: string; rev: number }) {
@@ -431,6 +436,7 @@ export function ChatPage({ sessionId }: { sessionId?: string }) {
             <span role="status" data-testid="connection" class={`connection connection-${live.connection}`}>
               {CONNECTION_TEXT[live.connection]}
             </span>
+            {live.why && <span class="warning">{live.why}</span>}
             <span class="muted">{live.state.events} events</span>
           </div>
         )}
