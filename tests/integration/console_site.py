@@ -74,6 +74,10 @@ WIPED = "Wiped /tmp on db1."
 NIGHTLY = "Nightly: restart the backup agent on db2."
 NIGHTLY_DONE = "Backup agent restarted."
 VIEWER_TASK = "Restart the cache on db4."
+#: A question whose answer the fake LLM holds back until the test releases it (``LONG_HOLD``):
+#: the spawn stays running, for the cancel test.
+LONG_WATCH = "Watch the replication lag on db7 until it settles."
+LONG_HOLD = "db7-watch"
 #: The question the persona made in the console answers.
 OPS_QUESTION = "Which runbook covers a full /var on db5?"
 OPS_ANSWER = "Runbook RB-17 covers a full /var: rotate the logs, then clear the core dumps."
@@ -127,6 +131,7 @@ def _rules() -> list[dict[str, Any]]:
         call("restart_thing", {"thing": "cache"}, match=VIEWER_TASK, turn=0),
         final("Restarted the cache.", match=VIEWER_TASK, turn=1),
         final(OPS_ANSWER, match=OPS_QUESTION),
+        final("The lag on db7 settled.", match=LONG_WATCH, hold=LONG_HOLD),
         final(STREAMED_ANSWER, match=STREAMED),  # before the warm-up: a follow-up may quote it
         final(WARM_UP_ANSWER, match=WARM_UP),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ import console_site
 from console_site import (
     FIX_TASK,
     FIXED,
+    LONG_HOLD,
+    LONG_WATCH,
     NIGHTLY,
     NIGHTLY_DONE,
     OPS_ANSWER,
@@ -293,6 +296,25 @@ _RECORD_STATES = """() => {
         subtree: true, childList: true, characterData: true,
     });
 }"""
+
+
+def test_a_running_spawn_is_cancelled_from_its_tile(console: ConsoleSite):
+    page = console.visit("alice")
+    ask(page, LONG_WATCH, agent="probe")
+    probe = tile(page, "probe")
+    expect(probe.get_by_test_id("tile-status")).to_have_text("running")
+    console.cluster.fake.wait_requests(LONG_WATCH, 1)  # the model call is in flight, held
+    button(probe, "Cancel probe").click()
+    expect(button(probe, "Cancel probe")).to_be_disabled()  # asked once, not twice
+    # A model call in flight finishes first: cancellation lands at the next checkpoint.
+    root = console.cluster.fake.base_url.removesuffix("/v1")
+    release = urllib.request.Request(
+        f"{root}/_release", data=json.dumps({"hold": LONG_HOLD}).encode(), method="POST"
+    )
+    urllib.request.urlopen(release, timeout=10).close()
+    expect(probe.get_by_test_id("tile-status")).to_have_text("cancelled")
+    expect(page.get_by_test_id("turn-end")).to_contain_text("cancelled")
+    expect(button(probe, "Cancel probe")).to_have_count(0)
 
 
 def test_a_viewer_sees_pending_calls_and_personas_without_the_controls_to_change_them(
