@@ -370,7 +370,10 @@ class ConsoleSite:
     # -- evidence ------------------------------------------------------------------------------
 
     def shoot(self, page: Page, name: str) -> Path:
-        """A full-page screenshot ``<artifacts>/console/<name>.png``."""
+        """A full-page screenshot ``<artifacts>/console/<name>.png``, of a view whose every
+        control has an accessible name (checked first: each main view is shot)."""
+        unnamed = unnamed_controls(page)
+        assert not unnamed, f"controls without an accessible name on {name}: {unnamed}"
         path = self.artifacts / f"{name}.png"
         page.screenshot(path=str(path), full_page=True)
         return path
@@ -390,6 +393,34 @@ class ConsoleSite:
         self.llm.close()
         if failed:
             print("\n===== browser console =====\n" + "\n".join(self.errors or ["(none)"]))
+
+
+#: Every visible control with no accessible name: no aria-label, aria-labelledby, <label>, text
+#: or title. (The accessible-name computation, reduced to what the console's markup uses.)
+_UNNAMED = """() => {
+    const named = (el) => {
+        if ((el.getAttribute("aria-label") || "").trim()) return true;
+        const by = el.getAttribute("aria-labelledby");
+        if (by && by.split(/\\s+/).some((id) => document.getElementById(id)?.textContent.trim()))
+            return true;
+        if (el.labels && [...el.labels].some((l) => l.textContent.trim())) return true;
+        if ((el.getAttribute("title") || "").trim()) return true;
+        return el.tagName !== "INPUT" && el.tagName !== "SELECT" && el.tagName !== "TEXTAREA"
+            && el.textContent.trim() !== "";
+    };
+    const controls = document.querySelectorAll(
+        "button, a[href], input, select, textarea, summary, [role=button], [tabindex]"
+    );
+    return [...controls]
+        .filter((el) => el.offsetParent !== null || el.getClientRects().length > 0)
+        .filter((el) => !named(el))
+        .map((el) => el.outerHTML.slice(0, 120));
+}"""
+
+
+def unnamed_controls(page: Page) -> list[str]:
+    """The visible controls of ``page`` without an accessible name (outer HTML, shortened)."""
+    return list(page.evaluate(_UNNAMED))
 
 
 def sign_in(page: Page, user: str) -> None:

@@ -317,6 +317,40 @@ def test_a_running_spawn_is_cancelled_from_its_tile(console: ConsoleSite):
     expect(button(probe, "Cancel probe")).to_have_count(0)
 
 
+def test_the_chat_works_from_the_keyboard_at_800_pixels(console: ConsoleSite):
+    page = console.visit("alice")
+    page.set_viewport_size({"width": 800, "height": 900})
+    message = page.get_by_label("Message")
+    _tab_to(page, message)
+    page.keyboard.type(WARM_UP)
+    _tab_to(page, page.get_by_label("Agent"))
+    page.keyboard.type("probe")  # a select picks the option its typed letters begin
+    expect(page.get_by_label("Agent")).to_have_value("probe")
+    _tab_to(page, message, backwards=True)
+    page.keyboard.press("Control+Enter")  # sends from the text box
+    expect(last_prose(page)).to_have_text(WARM_UP_ANSWER)
+    opener = button(tile(page, "probe"), "Open transcript of probe")
+    _tab_to(page, opener)
+    page.keyboard.press("Enter")
+    transcript = page.get_by_role("dialog", name="Transcript of probe")
+    expect(transcript.get_by_test_id("transcript-status")).to_have_text("ok")
+    page.keyboard.press("Escape")
+    expect(transcript).to_have_count(0)
+    expect(opener, "focus back on the button that opened it").to_be_focused()
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= 800, f"the chat scrolls sideways at 800 px: {width} px wide"
+    console.shoot(page, "chat-800")
+
+
+def _tab_to(page: Page, target: Locator, limit: int = 60, backwards: bool = False) -> None:
+    """Press Tab (Shift+Tab) until ``target`` has the focus (at most ``limit`` times)."""
+    for _ in range(limit):
+        page.keyboard.press("Shift+Tab" if backwards else "Tab")
+        if target.evaluate("(el) => el === document.activeElement"):
+            return
+    raise AssertionError(f"{target} not reached with {limit} presses of Tab")
+
+
 def test_a_viewer_sees_pending_calls_and_personas_without_the_controls_to_change_them(
     console: ConsoleSite,
 ):

@@ -193,8 +193,15 @@ export function TranscriptDialog({
   const { transcript, error } = useTranscript(spawnId, rev, false);
   const dialog = useRef<HTMLDialogElement>(null);
   useEffect(() => {
+    // Back to whatever opened it (the tile's button) once it closes: keyboard users stay put.
+    const opener = document.activeElement instanceof HTMLElement ? document.activeElement : null;
     const node = dialog.current;
     if (node && !node.open) node.showModal();
+    return () => {
+      // While the modal is open the rest of the page is inert: close it before moving focus.
+      if (node?.open) node.close();
+      opener?.focus();
+    };
   }, []);
   return (
     <dialog
