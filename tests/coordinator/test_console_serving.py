@@ -21,12 +21,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-import redis
 import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from harness import claim_database, wait_for  # noqa: E402
+from harness import wait_for  # noqa: E402
 
 from coordinator.api import create_app  # noqa: E402
 from coordinator.api.console import SECURITY_HEADERS  # noqa: E402
@@ -46,13 +45,8 @@ SECRET = b"not for the browser\n"
 
 
 @pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with claim_database() as url:
-        client = redis.Redis.from_url(url)
-        client.flushdb()
-        yield url
-        client.flushdb()
-        client.close()
+def redis_url(claimed_redis_url: str) -> str:
+    return claimed_redis_url
 
 
 @pytest.fixture

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from harness import claim_database  # noqa: E402
 
 from coordinator.api import create_app  # noqa: E402
 from registry.settings import Settings, TokenGrant, token_digest  # noqa: E402
@@ -37,13 +35,8 @@ DISK_PERSONA = (
 
 
 @pytest.fixture(scope="module")
-def redis_url() -> Iterator[str]:
-    with claim_database() as url:
-        client = redis.Redis.from_url(url)
-        client.flushdb()
-        yield url
-        client.flushdb()
-        client.close()
+def redis_url(claimed_redis_url: str) -> str:
+    return claimed_redis_url
 
 
 @pytest.fixture
