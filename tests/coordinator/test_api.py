@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import redis
-import uvicorn
 import yaml
 from postgres import fresh_database
+from servers import AppServer
 
 from coordinator.api import create_app
 from coordinator.storage.engine import make_engine, upgrade
@@ -210,18 +210,8 @@ class Api:
     def __init__(self, settings: Settings) -> None:
         self.app = create_app(settings)
         self.services = self.app.state.services
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            self.app, log_config=None, access_log=False, timeout_graceful_shutdown=2
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="api", daemon=True
-        )
-        self._thread.start()
-        wait_for(lambda: self._server.started, 20, "the API server to start")
+        self._http = AppServer(self.app)
+        self.base_url = self._http.base_url
         self._clients: list[httpx.Client] = []
 
     def client(self, user: str | None = "alice", token: str | None = None) -> httpx.Client:
@@ -237,8 +227,7 @@ class Api:
     def close(self) -> None:
         for made in self._clients:
             made.close()
-        self._server.should_exit = True
-        self._thread.join(timeout=15)
+        self._http.stop()
 
 
 @pytest.fixture

@@ -12,24 +12,17 @@ from __future__ import annotations
 import hashlib
 import http.client
 import logging
-import socket
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
+from servers import AppServer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-
-from harness import wait_for  # noqa: E402
-
-from coordinator.api import create_app  # noqa: E402
-from coordinator.api.console import SECURITY_HEADERS  # noqa: E402
-from registry.settings import Settings, TokenGrant, token_digest  # noqa: E402
+from coordinator.api import create_app
+from coordinator.api.console import SECURITY_HEADERS
+from registry.settings import Settings, TokenGrant, token_digest
 
 TOKEN = "console-admin-token-000001"
 CSP = (
@@ -68,18 +61,8 @@ class Served:
 
     def __init__(self, settings: Settings, dist: Path) -> None:
         self.app = create_app(settings, console_dist=dist)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app, log_config=None, access_log=False, timeout_graceful_shutdown=2
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="api", daemon=True
-        )
-        self._thread.start()
-        wait_for(lambda: self._server.started, 20, "the API server to start")
+        self._http = AppServer(self.app)
+        self.port = self._http.port
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
 
     def raw(self, path: str) -> tuple[int, dict[str, str], bytes]:
@@ -96,8 +79,7 @@ class Served:
 
     def close(self) -> None:
         self.http.close()
-        self._server.should_exit = True
-        self._thread.join(timeout=15)
+        self._http.stop()
         self.app.state.services.close()
 
 
