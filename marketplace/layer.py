@@ -1,0 +1,368 @@
+"""What the installed plugins add to the registry, read fresh at every reload.
+
+The marketplace root holds one directory per installed plugin::
+
+    <root>/plugins/<plugin>/current -> <version>-<hash>/   the installed copy (a relative symlink)
+    <root>/plugins/<plugin>/<version>-<hash>/.ongrid-plugin.json   what was installed from where
+
+:func:`read_bundles` follows each ``current`` link and turns what it finds into
+:class:`Bundles`: the plugin's agents as personas named ``<plugin>:<agent>``, its skills, the
+tools its skill manifests declare, and its MCP servers. Nothing here runs any of it. A part that
+cannot be used is a load warning naming the file; the rest of the plugin still loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from marketplace.formats import read_entry, read_plugin, read_skill
+from marketplace.manifest import load_manifest
+from marketplace.mcp_config import parse_mcp_json
+from marketplace.model import BundleError, McpServerConfig
+from marketplace.skills import SKILL_TOOLS, Skill
+from registry.agent_registry import LoadWarning
+from registry.claude_import import convert_claude_file
+from registry.errors import OngridError
+from registry.persona import PermissionMode, Persona, Source
+from registry.tools import BaseTool
+
+__all__ = [
+    "CURRENT_LINK",
+    "PLUGINS_DIR",
+    "RECORD_FILE",
+    "Bundles",
+    "InstallRecord",
+    "LoadedPlugin",
+    "capped_mode",
+    "load_plugin",
+    "read_bundles",
+    "read_record",
+]
+
+log = logging.getLogger(__name__)
+
+PLUGINS_DIR = "plugins"
+CURRENT_LINK = "current"
+RECORD_FILE = ".ongrid-plugin.json"
+
+#: Modes in the order of what they let a persona do.
+_MODE_ORDER = (
+    PermissionMode.READ_ONLY,
+    PermissionMode.MUTATING_WITH_CONFIRM,
+    PermissionMode.DUAL_SIGN_REQUIRED,
+)
+
+
+@dataclass(frozen=True)
+class InstallRecord:
+    """``.ongrid-plugin.json``: written by the installer into the installed copy, so every
+    process that reads the directory knows what it is without asking the database."""
+
+    name: str
+    version: str
+    marketplace: str
+    source: str
+    ref: str
+    content_hash: str
+    #: The most a persona of the plugin may do (``permission_mode``); the admin sets it.
+    allowed_mode: str = PermissionMode.READ_ONLY.value
+    #: Start the plugin's MCP servers.
+    mcp: bool = True
+    installed_by: str = ""
+    installed_at: str = ""
+    #: The marketplace's entry of the plugin, kept for ``strict: false`` plugins whose entry
+    #: defines their components.
+    entry: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "marketplace": self.marketplace,
+            "source": self.source,
+            "ref": self.ref,
+            "content_hash": self.content_hash,
+            "allowed_mode": self.allowed_mode,
+            "mcp": self.mcp,
+            "installed_by": self.installed_by,
+            "installed_at": self.installed_at,
+            "entry": self.entry,
+        }
+
+
+def read_record(directory: Path) -> InstallRecord:
+    path = directory / RECORD_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        known = set(InstallRecord.__dataclass_fields__)
+        return InstallRecord(**{k: v for k, v in data.items() if k in known})
+    except (OSError, ValueError, TypeError) as exc:
+        raise BundleError(str(path), f"install record unreadable: {exc}") from None
+
+
+@dataclass(frozen=True)
+class LoadedPlugin:
+    """One installed plugin as this reload read it."""
+
+    record: InstallRecord
+    root: Path
+    agents: tuple[str, ...] = ()
+    skills: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    mcp_servers: tuple[str, ...] = ()
+    #: Parts Ongrid keeps but never runs (commands, hooks, LSP servers…).
+    unused: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.record.as_dict(),
+            "path": str(self.root),
+            "agents": list(self.agents),
+            "skills": list(self.skills),
+            "tools": list(self.tools),
+            "mcp_servers": list(self.mcp_servers),
+            "unused": list(self.unused),
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass(frozen=True)
+class Bundles:
+    """Everything the installed plugins bring, from one reload (a registry ``BundleLayer``)."""
+
+    plugins: tuple[LoadedPlugin, ...] = ()
+    personas: tuple[Persona, ...] = ()
+    skills: Mapping[str, Skill] = field(default_factory=dict)
+    #: Tools declared by skill manifests (each name ends in ``_skill``).
+    tools: tuple[BaseTool, ...] = ()
+    mcp_servers: Mapping[str, McpServerConfig] = field(default_factory=dict)
+    warnings: tuple[LoadWarning, ...] = ()
+    digest: str = ""
+
+    def plugin(self, name: str) -> LoadedPlugin | None:
+        return next((p for p in self.plugins if p.record.name == name), None)
+
+    def skills_for(self, persona: Persona) -> dict[str, Skill]:
+        """The skills ``persona`` may load, by qualified name: those its ``skills`` lists,
+        a bare name standing for the one installed skill of that name."""
+        found: dict[str, Skill] = {}
+        for wanted in persona.skills:
+            skill = self.skills.get(wanted)
+            if skill is None:
+                same = [s for s in self.skills.values() if s.name == wanted]
+                skill = same[0] if len(same) == 1 else None
+            if skill is not None:
+                found[skill.qualified] = skill
+        return found
+
+
+EMPTY = Bundles()
+
+
+def _problem(path: Path, exc: Exception) -> str:
+    """``path: reason``, once (a bundle error may name the file itself already)."""
+    text = str(exc)
+    return text if text.startswith(str(path)) else f"{path}: {text}"
+
+
+def capped_mode(persona: Persona, allowed: PermissionMode) -> PermissionMode:
+    """The mode a plugin persona runs with: what it declares, never more than ``allowed``;
+    one that declares none (a Claude Code file never does) gets ``allowed``."""
+    if "permission_mode" not in persona.model_fields_set:
+        return allowed
+    declared = persona.permission_mode
+    return min(declared, allowed, key=_MODE_ORDER.index)
+
+
+def _persona(file: Path, plugin: str, allowed: PermissionMode, skills: Sequence[Skill]) -> Persona:
+    imported = convert_claude_file(file)
+    persona = imported.persona
+    own = {s.name: s.qualified for s in skills}
+    # A bare skill name is first one of the plugin's own; with none listed, the persona may
+    # load every skill its plugin ships.
+    wanted = [own.get(s, s) for s in persona.skills] or [s.qualified for s in skills]
+    return persona.model_copy(
+        update={
+            "name": f"{plugin}:{persona.name}",
+            "permission_mode": capped_mode(persona, allowed),
+            "skills": wanted,
+            "source": Source.PLUGIN,
+            "plugin": plugin,
+            "path": str(file),
+        }
+    )
+
+
+def load_plugin(
+    root: Path, record: InstallRecord, *, taken_tools: Collection[str] = ()
+) -> tuple[LoadedPlugin, list[Persona], list[Skill], list[BaseTool], dict[str, McpServerConfig]]:
+    """Read one installed plugin. Raises :class:`BundleError` only when nothing of it can be
+    used (its layout is refused); a bad part is a warning of the returned plugin."""
+    name = record.name
+    entry = read_entry(record.entry) if record.entry else None
+    layout = read_plugin(root, entry)
+    warnings: list[str] = list(layout.warnings)
+    try:
+        allowed = PermissionMode(record.allowed_mode)
+    except ValueError:
+        warnings.append(f"allowed_mode {record.allowed_mode!r} is unknown: read-only is used")
+        allowed = PermissionMode.READ_ONLY
+    skills: list[Skill] = []
+    for skill_dir in layout.skill_dirs:
+        try:
+            doc = read_skill(skill_dir)
+        except OngridError as exc:
+            warnings.append(_problem(skill_dir, exc))
+            continue
+        skills.append(
+            Skill(
+                qualified=f"{name}:{doc.name}",
+                name=doc.name,
+                plugin=name,
+                description=doc.description,
+                body=doc.body,
+                root=doc.root,
+                files=doc.files,
+                allowed_tools=doc.allowed_tools,
+            )
+        )
+    personas: list[Persona] = []
+    for file in layout.agent_files:
+        try:
+            personas.append(_persona(file, name, allowed, skills))
+        except OngridError as exc:
+            warnings.append(_problem(file, exc))
+    tools: list[BaseTool] = []
+    seen = set(taken_tools)
+    for manifest in layout.manifest_files:
+        skill = next((s.qualified for s in skills if manifest.parent == s.root), "")
+        try:
+            declared = load_manifest(manifest, root, skill=skill)
+        except OngridError as exc:
+            warnings.append(_problem(manifest, exc))
+            continue
+        for tool in declared:
+            if tool.name in seen:
+                warnings.append(f"{manifest}: tool {tool.name!r} is already defined; not loaded")
+                continue
+            seen.add(tool.name)
+            tools.append(tool)
+    servers: dict[str, McpServerConfig] = {}
+    if record.mcp:
+        for source in layout.mcp_sources:
+            where = str(source) if isinstance(source, Path) else f"{root}: mcpServers"
+            try:
+                data = _json_of(source)
+                found, problems = parse_mcp_json(
+                    data, plugin=name, plugin_root=str(root), where=where
+                )
+            except OngridError as exc:
+                warnings.append(f"{where}: {exc}")
+                continue
+            warnings.extend(f"{where}: {p}" for p in problems)
+            servers.update(found)
+    elif layout.mcp_sources:
+        warnings.append("MCP servers are declared but were not enabled at install")
+    loaded = LoadedPlugin(
+        record=record,
+        root=root,
+        agents=tuple(p.name for p in personas),
+        skills=tuple(s.qualified for s in skills),
+        tools=tuple(t.name for t in tools),
+        mcp_servers=tuple(servers),
+        unused=tuple(layout.unused),
+        warnings=tuple(warnings),
+    )
+    return loaded, personas, skills, tools, servers
+
+
+def _json_of(source: Path | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(source, Path):
+        from marketplace.formats import read_json_file
+
+        return read_json_file(source, ".mcp.json")
+    return dict(source)
+
+
+def installed_dirs(root: Path) -> list[tuple[str, Path]]:
+    """(plugin, installed directory) for every plugin whose ``current`` link resolves."""
+    base = root / PLUGINS_DIR
+    if not base.is_dir():
+        return []
+    out = []
+    for child in sorted(base.iterdir()):
+        link = child / CURRENT_LINK
+        if child.is_dir() and link.is_dir():
+            out.append((child.name, link.resolve()))
+    return out
+
+
+def read_bundles(
+    root: Path,
+    *,
+    config_mcp: Mapping[str, Any] | None = None,
+    reserved_tools: Collection[str] = (),
+) -> Bundles:
+    """Read every installed plugin under ``root`` and the config file's MCP servers
+    (``config_mcp``, shaped like ``.mcp.json``'s ``mcpServers``). Never raises for a plugin."""
+    plugins: list[LoadedPlugin] = []
+    personas: list[Persona] = []
+    skills: dict[str, Skill] = {}
+    tools: list[BaseTool] = []
+    servers: dict[str, McpServerConfig] = {}
+    warnings: list[LoadWarning] = []
+    taken = {*reserved_tools, *(t.name for t in SKILL_TOOLS)}
+    digest = hashlib.sha256()
+    for name, directory in installed_dirs(root):
+        try:
+            record = read_record(directory)
+            loaded, found, their_skills, their_tools, their_servers = load_plugin(
+                directory, record, taken_tools=taken
+            )
+        except OngridError as exc:
+            warnings.append(LoadWarning(str(directory), f"plugin {name!r} not loaded: {exc}"))
+            continue
+        plugins.append(loaded)
+        personas.extend(found)
+        skills.update((s.qualified, s) for s in their_skills)
+        tools.extend(their_tools)
+        taken.update(t.name for t in their_tools)
+        servers.update(their_servers)
+        warnings.extend(LoadWarning(str(directory), w) for w in loaded.warnings)
+        digest.update(
+            f"{name}\0{record.content_hash}\0{record.allowed_mode}\0{record.mcp}\0".encode()
+        )
+    if config_mcp:
+        try:
+            found_servers, problems = parse_mcp_json(
+                {"mcpServers": dict(config_mcp)}, plugin="", plugin_root="", where="mcp_servers"
+            )
+        except OngridError as exc:
+            warnings.append(LoadWarning("config:mcp_servers", str(exc)))
+        else:
+            warnings.extend(LoadWarning("config:mcp_servers", p) for p in problems)
+            for key, server in found_servers.items():
+                if key in servers:
+                    warnings.append(
+                        LoadWarning("config:mcp_servers", f"{key!r} is taken by a plugin")
+                    )
+                    continue
+                servers[key] = server
+        digest.update(json.dumps(dict(config_mcp), sort_keys=True, default=str).encode())
+    return Bundles(
+        plugins=tuple(plugins),
+        personas=tuple(personas),
+        skills=MappingProxyType(skills),
+        tools=tuple(tools),
+        mcp_servers=MappingProxyType(servers),
+        warnings=tuple(warnings),
+        digest=digest.hexdigest()[:16] if plugins or config_mcp else "",
+    )
