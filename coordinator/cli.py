@@ -11,6 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from coordinator.plugins_cli import plugins
 from registry.agent_registry import LoadWarning, Snapshot
 from registry.errors import OngridError, PersonaError
 from registry.parser import load_persona_file
@@ -52,6 +53,9 @@ class _Commands(click.Group):
 @click.version_option(package_name="ongrid-personas")
 def main() -> None:
     """Ongrid persona runtime."""
+
+
+main.add_command(plugins)
 
 
 @main.group()
@@ -186,6 +190,7 @@ def list_agents(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def bag(name: str, role: str | None, as_json: bool) -> None:
     """The tool bag NAME gets for a caller with ROLE, each tool with class and confirmation."""
+    from marketplace.catalog import spawn_catalog
     from registry.policy import resolve_bag
     from workers.tools import default_catalog
 
@@ -194,10 +199,11 @@ def bag(name: str, role: str | None, as_json: bool) -> None:
     if role not in settings.roles:
         raise click.ClickException(f"unknown role {role!r}; known: {', '.join(settings.roles)}")
     try:
-        persona = _current_snapshot(settings).get(name)
+        snapshot = _current_snapshot(settings)
+        persona = snapshot.get(name)
     except OngridError as exc:
         raise click.ClickException(str(exc)) from None
-    catalog = default_catalog(settings.tool_modules)
+    catalog = spawn_catalog(default_catalog(settings.tool_modules), snapshot.bundle)
     resolved = resolve_bag(persona, catalog, settings.roles[role].tools, role=role)
     if as_json:
         _emit_json(
@@ -301,6 +307,7 @@ def lint(role: str | None, agents_dir: Path | None, skip_config: bool, as_json: 
     Exit 1 when there is any finding, 0 when there is none, 2 on a usage error or when the
     lint could not run.
     """
+    from marketplace.catalog import spawn_catalog
     from registry.lint import FindingKind
     from registry.lint import lint as lint_personas
     from workers.tools import default_catalog
@@ -316,7 +323,9 @@ def lint(role: str | None, agents_dir: Path | None, skip_config: bool, as_json: 
         )
     if agents_dir is not None:
         settings = settings.model_copy(update={"agents_dir": agents_dir})
-    findings = lint_personas(_current_snapshot(settings), catalog, settings, role)
+    snapshot = _current_snapshot(settings)
+    catalog = spawn_catalog(catalog, snapshot.bundle)
+    findings = lint_personas(snapshot, catalog, settings, role)
     if skip_config:
         findings = [f for f in findings if f.kind is not FindingKind.MISSING_CONFIG]
     if as_json:

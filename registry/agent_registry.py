@@ -19,7 +19,7 @@ import builtins
 import hashlib
 import os
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -28,10 +28,11 @@ from typing import Any, Protocol
 from registry.errors import FieldProblem, NotFoundError, PersonaError, ReadOnlyError
 from registry.gates import Gate
 from registry.parser import dump_persona, load_persona_file
-from registry.persona import Persona, Source
+from registry.persona import NON_FILE_FIELDS, PLUGIN_NAME_RESERVED, Persona, Source
 
 __all__ = [
     "AgentRegistry",
+    "BundleLayer",
     "InMemoryUserStore",
     "LoadWarning",
     "Snapshot",
@@ -50,6 +51,21 @@ class LoadWarning:
 
     def as_dict(self) -> dict[str, str]:
         return {"path": self.path, "reason": self.reason}
+
+
+class BundleLayer(Protocol):
+    """What installed plugins add to a snapshot (:mod:`marketplace.layer` builds it): their
+    personas and load problems for the registry, and the rest (skills, tools, MCP servers) for
+    the processes that run spawns."""
+
+    @property
+    def personas(self) -> Sequence[Persona]: ...
+
+    @property
+    def warnings(self) -> Sequence[LoadWarning]: ...
+
+    @property
+    def digest(self) -> str: ...
 
 
 class UserStore(Protocol):
@@ -101,6 +117,9 @@ class Snapshot:
     #: Why each builtin or disk persona cannot be edited here (see :func:`read_only_reason`).
     read_only: Mapping[str, str] = field(default_factory=dict)
     digest: str = ""
+    #: What installed plugins bring besides personas (skills, tools, MCP servers), read in the
+    #: same reload; ``None`` when the registry reads no marketplace root.
+    bundle: Any = None
 
     def get(self, name: str) -> Persona:
         try:
@@ -119,6 +138,7 @@ class Snapshot:
         data["shadows"] = self.shadowed.get(persona.name)
         data["editable"] = persona.name not in self.read_only
         data["read_only_reason"] = self.read_only.get(persona.name)
+        data["plugin"] = persona.plugin
         return data
 
 
@@ -136,6 +156,12 @@ def read_only_reason(persona: Persona, *, shipped: bool = False) -> str | None:
             f"agent {name!r} is shipped with the runtime ({persona.path}) and is read-only: "
             "save a user persona with the same name, or put a file with that name in an "
             "agents directory, to override it"
+        )
+    if persona.source is Source.PLUGIN:
+        return (
+            f"agent {name!r} was installed with the plugin {persona.plugin!r} ({persona.path}) "
+            "and is read-only: update or remove the plugin (ongrid plugins update|remove) to "
+            "change it"
         )
     if persona.source is Source.DISK:
         return (
@@ -236,8 +262,8 @@ def _settle_disk(loaded: Sequence[tuple[Persona, bool]], warnings: list[LoadWarn
     )
 
 
-def _digest(personas: Mapping[str, Persona]) -> str:
-    h = hashlib.sha256()
+def _digest(personas: Mapping[str, Persona], bundle: str = "") -> str:
+    h = hashlib.sha256(bundle.encode())
     for name in sorted(personas):
         p = personas[name]
         h.update(f"{p.source}\0{name}\0".encode())
@@ -258,6 +284,7 @@ class AgentRegistry:
         optional_dirs: Iterable[Path] = (),
         shipped_dir: Path | None = None,
         notes: Iterable[LoadWarning] = (),
+        bundles: Callable[[], BundleLayer] | None = None,
     ) -> None:
         """``optional_dirs`` are disk roots whose absence is normal (./agents, the default
         marketplace root); any other missing directory is a warning.
@@ -265,6 +292,8 @@ class AgentRegistry:
         ``shipped_dir`` holds the personas installed with the package: read before
         ``disk_dirs``, whose files override a shipped persona of the same name. ``notes`` are
         load problems found before the registry was built, repeated in every snapshot.
+        ``bundles`` reads the installed plugins at every reload (their personas are named
+        ``<plugin>:<agent>``, so they collide with nothing else).
         """
         self._dirs = list(disk_dirs)
         self._optional = {Path(d) for d in optional_dirs}
@@ -274,6 +303,8 @@ class AgentRegistry:
         self._gate = gate
         self._builtins: dict[str, Persona] = {}
         self._disk = _DiskLayer()
+        self._read_bundles = bundles
+        self._bundle: BundleLayer | None = None
         self._lock = threading.Lock()
         self._snapshot = Snapshot(version=0, personas=MappingProxyType({}))
         for persona in builtins:
@@ -310,10 +341,14 @@ class AgentRegistry:
         """Re-read every disk root and the user store, then swap the snapshot in one step."""
         with self._lock:
             self._disk = self._load_disk()
+            if self._read_bundles is not None:
+                self._bundle = self._read_bundles()
             return self._publish()
 
     def replace(self, persona: Persona, user: str = "") -> Persona:
         """Upsert a user persona (creating it, or shadowing a builtin/disk one of that name)."""
+        if ":" in persona.name:
+            raise PersonaError([FieldProblem("name", PLUGIN_NAME_RESERVED)])
         stored = persona.model_copy(update={"source": Source.USER, "path": None})
         with self._lock:
             self._store.upsert(stored, user)
@@ -400,6 +435,10 @@ class AgentRegistry:
             merged[persona.name] = persona
             if persona.name in self._disk.overridden:
                 shadowed[persona.name] = Source.DISK
+        if self._bundle is not None:
+            warnings.extend(self._bundle.warnings)
+            for persona in self._bundle.personas:
+                merged[persona.name] = persona
         stored = self._store.list()
         warnings.extend(
             LoadWarning(f"database:agents/{name}", reason)
@@ -427,16 +466,15 @@ class AgentRegistry:
             unavailable=MappingProxyType(unavailable),
             shadowed=MappingProxyType(shadowed),
             read_only=MappingProxyType(read_only),
-            digest=_digest(merged),
+            digest=_digest(merged, self._bundle.digest if self._bundle is not None else ""),
+            bundle=self._bundle,
         )
         return self._snapshot
 
 
 def _frontmatter_of(persona: Persona) -> dict[str, Any]:
     """The persona as a frontmatter mapping (what a file or a JSON body would carry)."""
-    data = persona.model_dump(
-        mode="python", exclude={"body", "unknown_fields", "source", "path"}, exclude_unset=True
-    )
+    data = persona.model_dump(mode="python", exclude=set(NON_FILE_FIELDS), exclude_unset=True)
     data.setdefault("name", persona.name)
     data.setdefault("description", persona.description)
     data.setdefault("when_to_use", persona.when_to_use)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 from registry.agent_registry import AgentRegistry, LoadWarning, UserStore
 from registry.gates import check_availability
@@ -59,6 +60,13 @@ def shipped_agents_dir() -> Path | None:
     return None
 
 
+def _read_bundles(settings: Settings) -> Any:
+    # Imported here: marketplace builds on the registry's modules, not the other way round.
+    from marketplace.layer import read_bundles
+
+    return read_bundles(settings.marketplace_root, config_mcp=settings.mcp_servers)
+
+
 def build_registry(settings: Settings, user_store: UserStore | None = None) -> AgentRegistry:
     """Builtins, the shipped personas, ``settings.agent_dirs``, then ``user_store``, with the
     availability gate. ``settings.shipped_agents`` false leaves the shipped personas out."""
@@ -83,4 +91,5 @@ def build_registry(settings: Settings, user_store: UserStore | None = None) -> A
         optional_dirs=optional,
         shipped_dir=shipped,
         notes=notes,
+        bundles=lambda: _read_bundles(settings),
     )

@@ -43,7 +43,7 @@ from registry._bounds import (
     measure_values,
 )
 from registry.errors import FieldProblem, PersonaError, TemplateError
-from registry.persona import FILE_FIELDS, Persona
+from registry.persona import FILE_FIELDS, PLUGIN_NAME_RESERVED, Persona
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -343,21 +343,30 @@ def _problems(exc: ValidationError) -> list[FieldProblem]:
 
 
 def persona_from_mapping(
-    data: dict[str, Any], *, body: str = "", path: str | None = None
+    data: dict[str, Any],
+    *,
+    body: str = "",
+    path: str | None = None,
+    plugin_name: bool = False,
 ) -> Persona:
     """Validate a frontmatter mapping. Keys the format does not define are kept verbatim.
 
-    The mapping is bounded first (:func:`check_bounds`), whatever it came from.
+    The mapping is bounded first (:func:`check_bounds`), whatever it came from. A name of the
+    ``<plugin>:<agent>`` form is refused unless ``plugin_name`` (a persona installed with a
+    plugin, or the pinned copy of one a spawn resumes with).
     """
     check_bounds(data, path=path)
     known = {k: v for k, v in data.items() if k in _KNOWN}
     unknown = {str(k): v for k, v in data.items() if k not in _KNOWN}
     try:
-        return Persona(**known, body=body, unknown_fields=unknown, path=path)
+        persona = Persona(**known, body=body, unknown_fields=unknown, path=path)
     except ValidationError as exc:
         raise PersonaError(_problems(exc), path) from None
     except TemplateError as exc:
         raise PersonaError([FieldProblem("initial_prompt", str(exc))], path) from None
+    if ":" in persona.name and not plugin_name:
+        raise PersonaError([FieldProblem("name", PLUGIN_NAME_RESERVED)], path)
+    return persona
 
 
 def read_document(text: str, *, path: str | None = None) -> tuple[dict[str, Any], str, list[str]]:
@@ -381,10 +390,14 @@ def read_document(text: str, *, path: str | None = None) -> tuple[dict[str, Any]
     return data, body, notes + yaml_notes
 
 
-def parse_persona(text: str, *, path: str | None = None) -> Parsed:
-    """Parse a persona from the text of a file. Raises :class:`PersonaError` naming each problem."""
+def parse_persona(text: str, *, path: str | None = None, plugin_name: bool = False) -> Parsed:
+    """Parse a persona from the text of a file. Raises :class:`PersonaError` naming each problem.
+
+    ``plugin_name``: see :func:`persona_from_mapping`."""
     data, body, notes = read_document(text, path=path)
-    return Parsed(persona_from_mapping(data, body=body, path=path), tuple(notes))
+    return Parsed(
+        persona_from_mapping(data, body=body, path=path, plugin_name=plugin_name), tuple(notes)
+    )
 
 
 def read_text_file(path: str | Path) -> str:

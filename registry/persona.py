@@ -19,6 +19,9 @@ __all__ = [
     "DEFAULT_MAX_TURNS",
     "FILE_FIELDS",
     "NAME_PATTERN",
+    "NON_FILE_FIELDS",
+    "PLUGIN_NAME_PATTERN",
+    "PLUGIN_NAME_RESERVED",
     "Metadata",
     "OngridMetadata",
     "PermissionMode",
@@ -32,7 +35,16 @@ DEFAULT_MAX_TURNS = 15
 
 #: What a persona name (its spawn key) looks like: snake_case or kebab-case.
 NAME_PATTERN = r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$"
+#: A persona installed from a plugin is named ``<plugin>:<agent>``, as Claude Code names it, so
+#: two plugins may both ship a ``docker-expert``. Only plugin personas may take this form (the
+#: parser refuses it elsewhere: :data:`PLUGIN_NAME_RESERVED`).
+PLUGIN_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*:[a-z0-9]+(?:[_-][a-z0-9]+)*$"
 _NAME_RE = re.compile(NAME_PATTERN)
+_PLUGIN_NAME_RE = re.compile(PLUGIN_NAME_PATTERN)
+PLUGIN_NAME_RESERVED = (
+    "the <plugin>:<agent> form is reserved for personas installed from a plugin; "
+    "name it in snake_case or kebab-case"
+)
 
 
 class PermissionMode(StrEnum):
@@ -48,6 +60,8 @@ class Source(StrEnum):
 
     BUILTIN = "builtin"
     DISK = "disk"
+    #: Installed with a plugin from a marketplace (``Persona.plugin`` names it).
+    PLUGIN = "plugin"
     USER = "user"
 
 
@@ -119,6 +133,11 @@ class Persona(BaseModel):
     disallowed_tools: list[str] = Field(
         default_factory=list, description="Blacklist applied after the whitelist; black wins."
     )
+    skills: list[str] = Field(
+        default_factory=list,
+        description="Skills it may load (load_skill); only their names and descriptions are "
+        "in its system prompt.",
+    )
     permission_mode: PermissionMode = PermissionMode.READ_ONLY
     max_turns: int = Field(default=DEFAULT_MAX_TURNS, ge=0, description="0 means the default.")
     model: str = Field(default="", description="LLM id; empty means the organisation default.")
@@ -133,11 +152,14 @@ class Persona(BaseModel):
     )
     source: Source | None = Field(default=None, description="Set by the registry, not the file.")
     path: str | None = Field(default=None, description="The file it was loaded from, if any.")
+    plugin: str | None = Field(
+        default=None, description="The installed plugin it came with (set by the registry)."
+    )
 
     @field_validator("name")
     @classmethod
     def _name_shape(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
+        if not _NAME_RE.match(value) and not _PLUGIN_NAME_RE.match(value):
             raise ValueError(
                 f"expected snake_case or kebab-case (lowercase letters, digits, '_' or '-'), "
                 f"got {value!r}"
@@ -151,10 +173,18 @@ class Persona(BaseModel):
             raise ValueError("must not be empty")
         return value
 
-    @field_validator("tools", "disallowed_tools", mode="before")
+    @field_validator("tools", "disallowed_tools", "skills", mode="before")
     @classmethod
     def _tool_list(cls, value: Any) -> Any:
         return _as_list(value)
+
+    @field_validator("skills")
+    @classmethod
+    def _skill_names(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not isinstance(item, str) or not item.strip() or any(c.isspace() for c in item):
+                raise ValueError(f"expected skill names, got {item!r}")
+        return value
 
     @field_validator("tools", "disallowed_tools")
     @classmethod
@@ -215,7 +245,8 @@ class Persona(BaseModel):
         return dump_persona(self)
 
 
+#: Fields of a :class:`Persona` that are not frontmatter: the body, and what the registry sets.
+NON_FILE_FIELDS = frozenset({"body", "unknown_fields", "source", "path", "plugin"})
+
 #: Frontmatter keys the format defines, in the order they are written back.
-FILE_FIELDS: tuple[str, ...] = tuple(
-    n for n in Persona.model_fields if n not in {"body", "unknown_fields", "source", "path"}
-)
+FILE_FIELDS: tuple[str, ...] = tuple(n for n in Persona.model_fields if n not in NON_FILE_FIELDS)

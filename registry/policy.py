@@ -4,6 +4,8 @@ The bag is computed per spawn, in this order:
 
 1. the tools the caller's role may see (patterns from the role's configuration);
 2. intersected with the persona's ``tools`` when that list is non-empty (empty inherits step 1);
+   a persona with ``skills`` is given the skill tools (``load_skill``, ``read_file_skill``)
+   as if it listed them, and one without never is;
 3. minus everything matching ``disallowed_tools`` (black wins over white);
 4. each remaining tool checked against ``permission_mode`` by its class.
 
@@ -20,7 +22,7 @@ from enum import StrEnum
 from functools import lru_cache
 
 from registry.persona import PermissionMode, Persona
-from registry.tools import AGENT_TOOL_NAME, BaseTool, ToolCatalog, ToolClass
+from registry.tools import AGENT_TOOL_NAME, SKILL_TOOL_NAMES, BaseTool, ToolCatalog, ToolClass
 
 __all__ = [
     "BagEntry",
@@ -122,9 +124,12 @@ def resolve_bag(
     entries: list[BagEntry] = []
     dropped: list[DroppedTool] = []
     role_label = f"role {role!r}" if role else "the caller's role"
+    whitelist = [*persona.tools, *SKILL_TOOL_NAMES] if persona.skills else persona.tools
     for tool in catalog:
         name = tool.name
-        if persona.tools and not matches_any(name, persona.tools):
+        if name in SKILL_TOOL_NAMES and not persona.skills:
+            continue  # nothing to load
+        if persona.tools and not matches_any(name, whitelist):
             continue  # not asked for: not in the bag, and nothing to report
         if for_worker and name == AGENT_TOOL_NAME:
             if persona.tools:

@@ -79,6 +79,7 @@ _ENV: dict[str, str] = {
     "ONGRID_METRICS_PORT": "metrics_port",
     "ONGRID_METRICS_HOST": "metrics_host",
     "ONGRID_TOOL_TAPE": "tool_tape",
+    "ONGRID_PLUGINS_ALLOW_NETWORK": "plugins_allow_network",
     # OpenTelemetry's own name for it, which collectors and operators already set.
     "OTEL_EXPORTER_OTLP_ENDPOINT": "otlp_endpoint",
 }
@@ -114,6 +115,8 @@ class RoleConfig(BaseModel):
     approve: bool = False
     #: Read the audit trail (``GET /api/v1/audit/approvals``).
     audit: bool = False
+    #: Add and remove marketplaces, install, update and remove plugins.
+    manage_plugins: bool = False
 
 
 class TokenGrant(BaseModel):
@@ -132,7 +135,9 @@ def token_digest(token: str) -> str:
 
 def _default_roles() -> dict[str, RoleConfig]:
     return {
-        "admin": RoleConfig(tools=["*"], edit_personas=True, approve=True, audit=True),
+        "admin": RoleConfig(
+            tools=["*"], edit_personas=True, approve=True, audit=True, manage_plugins=True
+        ),
         "operator": RoleConfig(tools=["*"], approve=True),
         "viewer": RoleConfig(
             tools=["query_*", "search_*", "find_*", "expand_*", "get_*", "host_probe", "read_repo"]
@@ -234,6 +239,12 @@ class Settings(BaseModel):
     tool_tape: str = Field(default="", pattern=r"^((record|replay):.+)?$")
     #: Python modules whose ``TOOLS`` join the catalog (site-specific BaseTools).
     tool_modules: list[str] = Field(default_factory=list)
+    #: Marketplaces and plugin sources given as remote git URLs (https, ssh) may be cloned;
+    #: false (the default: air-gapped): only directories and local git repositories are used.
+    plugins_allow_network: bool = False
+    #: MCP servers every worker starts besides those of installed plugins, shaped like
+    #: ``.mcp.json``'s ``mcpServers`` (config file only); their tools are ``mcp__<name>__<tool>``.
+    mcp_servers: dict[str, Any] = Field(default_factory=dict)
     #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as
     #: the owner: everyone's). Deciding also needs a role with ``approve``.
     approvers: dict[str, list[str]] = Field(default_factory=dict)

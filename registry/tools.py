@@ -23,6 +23,7 @@ from registry.template import walk_json
 
 __all__ = [
     "AGENT_TOOL_NAME",
+    "SKILL_TOOL_NAMES",
     "BaseTool",
     "FunctionTool",
     "ToolCatalog",
@@ -35,6 +36,10 @@ __all__ = [
 #: Bounds on every tool's arguments, whatever its schema says.
 MAX_ARGUMENTS_BYTES = 64 * 1024
 MAX_ARGUMENTS_DEPTH = 16
+
+#: The tools a persona with ``skills`` reads them with (``marketplace.skills``). Every tool that
+#: comes from skills ends in ``_skill``, so ``disallowed_tools: ["*_skill"]`` blocks them all.
+SKILL_TOOL_NAMES: tuple[str, ...] = ("load_skill", "read_file_skill")
 
 #: The tool that spawns another persona. Never part of a worker's bag: workers cannot spawn workers.
 AGENT_TOOL_NAME = "spawn_agent"

@@ -23,9 +23,12 @@ BASE_PROMPT = (
 )
 
 
-def system_prompt(persona: Persona) -> str:
+def system_prompt(persona: Persona, skills: str = "") -> str:
+    """The framework's base prompt, the persona's body, ``skills`` (the section naming the
+    skills it may load: names and descriptions only), then its critical reminder."""
     parts = [] if persona.omit_claude_md else [BASE_PROMPT]
     parts.append(persona.body.strip())
+    parts.append(skills.strip())
     if persona.critical_reminder.strip():
         parts.append(
             f"<critical-reminder>\n{persona.critical_reminder.strip()}\n</critical-reminder>"

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import cast
 
 import redis
 
-from registry.agent_registry import AgentRegistry
+from registry.agent_registry import AgentRegistry, Snapshot
 
 __all__ = ["RegistryFollower", "broadcast_reload", "cluster_version"]
 
@@ -58,6 +59,9 @@ class RegistryFollower:
         self.version_key, self.channel = _keys(prefix)
         self.seen = self._current() if seen is None else seen
         self._lock = threading.Lock()
+        #: Called with each snapshot a reload of this follower built (the worker restarts its
+        #: MCP servers from it); an error in it is logged, never raised.
+        self.on_reload: Callable[[Snapshot], None] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -70,10 +74,15 @@ class RegistryFollower:
         with self._lock:
             if current == self.seen:
                 return False
-            self.registry.reload()
+            snapshot = self.registry.reload()
             self.seen = current
             log.info("registry reloaded to cluster version %s", current)
-            return True
+        if self.on_reload is not None:
+            try:
+                self.on_reload(snapshot)
+            except Exception:
+                log.exception("after the reload to cluster version %s", current)
+        return True
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._listen, name="registry-follower", daemon=True)

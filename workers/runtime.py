@@ -45,8 +45,11 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from marketplace.mcp import McpHub
 from pydantic import BaseModel
 
+from marketplace.catalog import spawn_catalog
+from marketplace.skills import skills_prompt
 from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
 from registry.errors import (
@@ -166,6 +169,11 @@ class WorkerRuntime:
         self.store = SpawnStore(self.redis)
         self.approvals = ApprovalFeed(self.redis)
         self.follower = RegistryFollower(self.redis, self.registry, seen=version)
+        #: The MCP servers of the installed plugins and the config file (started on the first
+        #: snapshot that names one), kept in step with every reload.
+        self.mcp: McpHub | None = None
+        self.follower.on_reload = self._sync_mcp
+        self._sync_mcp(self.registry.snapshot(), wait=True)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.time_limit = float(settings.spawn_time_limit_seconds)
         self._special: dict[str, Callable[[Snapshot], Persona]] = {}
@@ -226,6 +234,25 @@ class WorkerRuntime:
         """Read user personas from ``store`` (the database) from now on."""
         self.registry = build_registry(self.settings, store)
         self.follower.registry = self.registry
+
+    def _sync_mcp(self, snapshot: Snapshot, *, wait: bool = False) -> None:
+        """Start, stop and restart MCP servers to match ``snapshot``. ``wait``: at start-up,
+        give new servers a bounded time to list their tools; after a reload they come up in the
+        background and the next spawn waits for them (see :meth:`catalog_for`)."""
+        servers = getattr(snapshot.bundle, "mcp_servers", None) or {}
+        if not servers and self.mcp is None:
+            return
+        if self.mcp is None:
+            self.mcp = McpHub()
+        self.mcp.reconcile(servers, wait=None if wait else 0)
+
+    def catalog_for(self, snapshot: Snapshot) -> ToolCatalog:
+        """The tools a spawn may be given: the code tools, plus the skill, manifest and MCP
+        tools of ``snapshot``'s bundles."""
+        hub = self.mcp
+        if hub is not None:
+            hub.wait_started()  # bounded: a server still starting after it is left out
+        return spawn_catalog(self.catalog, snapshot.bundle, hub.tools() if hub else ())
 
     # -- the spawn task ------------------------------------------------------------------------
 
@@ -331,7 +358,7 @@ class WorkerRuntime:
             return await self._finish(record, token, "cancelled", "cancelled on request")
         sink = self.writer.sink(spawn_id)
         try:
-            persona, bag = await self._prepare(record, token, sink)
+            persona, bag, skills = await self._prepare(record, token, sink)
         except (LeaseLost, redis.RedisError):
             raise  # infrastructure: leave the spawn to the next attempt
         except Exception as exc:  # noqa: BLE001 - a spawn that cannot start is failed, with why
@@ -354,6 +381,7 @@ class WorkerRuntime:
                 sandbox=self.sandbox,
                 context=record.context,
                 stopping=self.draining,
+                extras={"skills": skills},
             ),
             run_tool=self._run_tool,
             stream=self._streaming(record.session_id),
@@ -499,8 +527,9 @@ class WorkerRuntime:
 
     async def _prepare(
         self, record: SpawnRecord, token: str, sink: SpawnSink
-    ) -> tuple[Persona, ToolBag]:
-        """First attempt: pin the persona version and build the opening messages."""
+    ) -> tuple[Persona, ToolBag, dict[str, Any]]:
+        """First attempt: pin the persona version and build the opening messages. Returns the
+        persona, its bag and the skills it may load."""
         if not record.persona_markdown:
             version = int(await self.aredis.get(self.follower.version_key) or 0)
             if version != self.follower.seen:  # a reload this process missed
@@ -521,19 +550,25 @@ class WorkerRuntime:
                 has_credentials=self._has_credentials,
             )
         else:  # a resumed attempt runs the version its first attempt pinned
-            persona = parse_persona(record.persona_markdown).persona
+            persona = parse_persona(record.persona_markdown, plugin_name=True).persona
+            snapshot = self.registry.snapshot()
+        skills = _skills_of(snapshot, persona)
         role = self.settings.roles.get(record.role)
         if role is None:
             raise NotFoundError("role", record.role)
         # Registered personas (the coordinator) may hold the AgentTool; specialists never do.
         worker = record.persona not in self._special
-        bag = resolve_bag(persona, self.catalog, role.tools, role=record.role, for_worker=worker)
+        catalog = await self.engine.offload(self.catalog_for, snapshot)
+        bag = resolve_bag(persona, catalog, role.tools, role=record.role, for_worker=worker)
         if record.state is None:
             opening = first_message(persona, record.prompt, record.context)
             record.missing_context = opening.missing
             record.state = LoopState(
                 messages=[
-                    Message(role="system", content=system_prompt(persona)),
+                    Message(
+                        role="system",
+                        content=system_prompt(persona, skills_prompt(list(skills.values()))),
+                    ),
                     Message(role="user", content=opening.text),
                 ]
             )
@@ -553,7 +588,7 @@ class WorkerRuntime:
             await sink.flushed()
         record.budget.resolve(self.settings.budget, persona.metadata.ongrid.budget)
         await self.astore.save(record, token)
-        return persona, bag
+        return persona, bag, skills
 
     async def _hand_back(self, spawn_id: str, token: str) -> dict[str, Any]:
         """Put a spawn this draining worker holds back on its queue, as its last checkpoint left
@@ -646,6 +681,8 @@ class WorkerRuntime:
         self.reaper.stop()
         self.leases.stop()
         self.follower.stop()
+        if self.mcp is not None:
+            self.mcp.close()
         if self.engine.running:
             with contextlib.suppress(Exception):
                 self.engine.run(self._close())
@@ -654,6 +691,12 @@ class WorkerRuntime:
     async def _close(self) -> None:
         await self.writer.aclose()
         await self.aredis.aclose()
+
+
+def _skills_of(snapshot: Snapshot, persona: Persona) -> dict[str, Any]:
+    """The skills ``persona`` may load under ``snapshot`` (none without installed bundles)."""
+    bundle = snapshot.bundle
+    return bundle.skills_for(persona) if bundle is not None and persona.skills else {}
 
 
 def connect_drain(runtime: WorkerRuntime) -> None:

@@ -108,7 +108,8 @@ def warnings(who: Caller, svc: Svc) -> list[dict[str, str]]:
     """Every load problem (`kind` `load`: the file or database row and why it was not loaded),
     then the lint findings of each persona, as `ongrid agents lint` reports them for every role:
     `missing_config` names settings unset on this API process."""
-    return [f.as_dict() for f in lint(svc.snapshot(), svc.catalog, svc.settings)]
+    snapshot = svc.snapshot()
+    return [f.as_dict() for f in lint(snapshot, svc.catalog_for(snapshot), svc.settings)]
 
 
 @router.post("/api/v1/agents/reload", response_model=ReloadOut, responses=_errors(403))

@@ -19,17 +19,19 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from coordinator.api import agents, approvals, chat, health, me, skills, spawns
+from coordinator.api import agents, approvals, chat, health, me, plugins, skills, spawns
 from coordinator.api.console import install_console
 from coordinator.api.deps import Services
 from coordinator.api.docs import install_docs
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
 from coordinator.api.metrics import install_metrics
 from coordinator.audit_follower import AuditFollower
+from coordinator.plugin_manager import PluginManager
 from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
 from coordinator.storage.personas import GuardedUserStore, SqlUserStore
+from coordinator.storage.plugins import PluginStore
 from coordinator.web import DIST
 from registry.defaults import build_registry
 from registry.settings import Settings
@@ -89,6 +91,12 @@ def build_services(settings: Settings) -> Services:
         ),
         audit=audit,
         audit_follower=AuditFollower(client.approvals, audit, database),
+        plugins=PluginManager(
+            settings.marketplace_root,
+            PluginStore(database.engine),
+            broadcast=client.reload,
+            allow_network=settings.plugins_allow_network,
+        ),
     )
 
 
@@ -121,7 +129,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     # Outermost: requests the body limit refuses are counted and traced too.
     scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)
-    for module in (me, chat, spawns, agents, skills, health):
+    for module in (me, chat, spawns, agents, skills, plugins, health):
         app.include_router(module.router)
     app.include_router(approvals.router)
     app.include_router(approvals.audit_router)

@@ -18,10 +18,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from coordinator.audit_follower import AuditFollower
 from coordinator.auth import Principal, authenticate, require
+from coordinator.plugin_manager import PluginManager
 from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatSession, ChatStore
 from coordinator.storage.engine import Database
 from coordinator.storage.personas import GuardedUserStore
+from marketplace.catalog import spawn_catalog
 from registry.agent_registry import AgentRegistry, Snapshot
 from registry.errors import NotFoundError
 from registry.settings import Settings
@@ -61,6 +63,8 @@ class Services:
     #: The audit trail of approvals, and what copies the approval feed into it.
     audit: AuditStore
     audit_follower: AuditFollower
+    #: Marketplaces and installed plugins (admin operations).
+    plugins: PluginManager
 
     @property
     def redis_url(self) -> str:
@@ -70,6 +74,12 @@ class Services:
         """The registry at the cluster's version (reloads first if a broadcast was missed)."""
         self.follower.catch_up()
         return self.registry.snapshot()
+
+    def catalog_for(self, snapshot: Snapshot) -> ToolCatalog:
+        """The tools a spawn could be given under ``snapshot``: the code tools plus the skill
+        and manifest tools of its bundles. MCP tools are known only to the workers, which run
+        the servers."""
+        return spawn_catalog(self.catalog, snapshot.bundle)
 
     def close(self) -> None:
         self.audit_follower.stop()

@@ -12,7 +12,15 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    create_model,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from coordinator.storage.personas import MAX_NAME_LENGTH
@@ -20,7 +28,7 @@ from registry.budget import Budget
 from registry.errors import PersonaError
 from registry.lint import FindingKind
 from registry.parser import check_bounds
-from registry.persona import FILE_FIELDS, NAME_PATTERN, Persona, Source
+from registry.persona import FILE_FIELDS, NAME_PATTERN, PLUGIN_NAME_RESERVED, Persona, Source
 from registry.policy import Confirmation
 from registry.template import (
     MAX_CONTEXT_BYTES,
@@ -112,6 +120,15 @@ ContextObject = Annotated[
 AgentName = Annotated[
     str, Field(min_length=1, max_length=MAX_NAME_LENGTH, description="A persona's name.")
 ]
+
+
+def _not_plugin_form(value: Any) -> Any:
+    """``<plugin>:<agent>`` is refused with the reason, not as a mere pattern mismatch."""
+    if isinstance(value, str) and ":" in value:
+        raise ValueError(PLUGIN_NAME_RESERVED)
+    return value
+
+
 #: The shape a new persona's name must have (the rule of ``registry.persona``, documented here).
 NewAgentName = Annotated[
     str,
@@ -121,10 +138,18 @@ NewAgentName = Annotated[
         pattern=NAME_PATTERN,
         description="snake_case or kebab-case: lowercase letters, digits, '_' or '-'.",
     ),
+    BeforeValidator(_not_plugin_form),  # runs first: the reason, not a pattern mismatch
 ]
 ToolPatterns = Annotated[
     list[Text] | Text,
     Field(description="Tool names or `*` patterns: a list, or a comma-separated string."),
+]
+SkillNames = Annotated[
+    list[Text] | Text,
+    Field(
+        description="Skills it may load: `<plugin>:<skill>` or a bare name; a list, or a "
+        "comma-separated string."
+    ),
 ]
 
 
@@ -165,6 +190,9 @@ class PermissionsOut(BaseModel):
     edit_personas: bool = Field(description="Create, change and delete user personas; reload.")
     approve: bool = Field(description="Decide on tool calls that need confirmation.")
     audit: bool = Field(description="Read the approvals' audit trail.")
+    manage_plugins: bool = Field(
+        description="Add marketplaces; install, update and remove plugins."
+    )
     tools: list[str] = Field(description="Tool name patterns (`*` wildcards) the role sees.")
 
 
@@ -357,6 +385,7 @@ _CREATE_TYPES: dict[str, Any] = {
     "when_to_use": _FilledText,
     "tools": ToolPatterns,
     "disallowed_tools": ToolPatterns,
+    "skills": SkillNames,
 }
 #: A PATCH names an existing persona, and leaves blank text to the persona's own check.
 _PATCH_TYPES: dict[str, Any] = {
@@ -367,7 +396,7 @@ _PATCH_TYPES: dict[str, Any] = {
 }
 #: Descriptions of the API's view where the persona's own would mislead.
 _DESCRIPTIONS = {
-    "source": "builtin, disk (a file) or user (the API).",
+    "source": "builtin, disk (a file), plugin (installed from a marketplace) or user (the API).",
     "path": "The file it was loaded from (disk personas).",
 }
 #: The persona fields a request may carry: the frontmatter and the body (the system prompt).

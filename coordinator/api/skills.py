@@ -60,15 +60,17 @@ def skills(
     for the role, with the confirmation each tool needs."""
     viewed = _viewed_role(who, svc.settings, role)
     patterns = svc.settings.roles[viewed].tools
+    snapshot = svc.snapshot()
+    catalog = svc.catalog_for(snapshot)
     if agent is None:
         tools = [
             t.describe()
-            for t in svc.catalog
+            for t in catalog
             if t.name != AGENT_TOOL_NAME and matches_any(t.name, patterns)
         ]
         return {"role": viewed, "agent": None, "tools": tools, "dropped": []}
-    persona = svc.snapshot().get(agent)
-    bag = resolve_bag(persona, svc.catalog, patterns, role=viewed)
+    persona = snapshot.get(agent)
+    bag = resolve_bag(persona, catalog, patterns, role=viewed)
     return {
         "role": viewed,
         "agent": persona.name,

@@ -5,7 +5,8 @@
 - :mod:`~coordinator.storage.personas`: user personas (the store behind the registry's
   ``UserStore`` protocol);
 - :mod:`~coordinator.storage.chats`: chat sessions and messages;
-- :mod:`~coordinator.storage.audit`: the audit trail of approvals.
+- :mod:`~coordinator.storage.audit`: the audit trail of approvals;
+- :mod:`~coordinator.storage.plugins`: the marketplaces added and the plugins installed.
 
 :mod:`registry` declares the store protocol and never imports this package.
 """
@@ -17,8 +18,14 @@ from sqlalchemy import MetaData
 from coordinator.storage.audit import AUDIT_METADATA
 from coordinator.storage.chats import CHAT_METADATA
 from coordinator.storage.personas import AGENTS_METADATA
+from coordinator.storage.plugins import PLUGINS_METADATA
 
 __all__ = ["TARGET_METADATA"]
 
 #: Everything the migrations manage.
-TARGET_METADATA: list[MetaData] = [AGENTS_METADATA, CHAT_METADATA, AUDIT_METADATA]
+TARGET_METADATA: list[MetaData] = [
+    AGENTS_METADATA,
+    CHAT_METADATA,
+    AUDIT_METADATA,
+    PLUGINS_METADATA,
+]

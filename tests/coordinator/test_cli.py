@@ -284,12 +284,12 @@ def test_shipped_personas_lint_clean_but_for_settings_unset_here(runner, tmp_pat
     full = runner.invoke(main, ["agents", "lint", "--json"], env=env, catch_exceptions=False)
     assert full.exit_code == 1
     kinds = {f["kind"] for f in json.loads(full.output)["findings"]}
-    assert kinds == {"missing_config", "pattern_matches_nothing"}
-    # The reviewer's `*_skill` keeps out skill tools, none of which is installed here.
+    # The reviewer's `*_skill` matches the skill tools (load_skill, read_file_skill), which
+    # every catalog holds: the pattern is not dead.
+    assert kinds == {"missing_config"}
     rest = runner.invoke(main, ["agents", "lint", "--skip-config", "--json"], env=env)
-    assert rest.exit_code == 1, rest.output
-    left = [(f["persona"], f["subject"]) for f in json.loads(rest.output)["findings"]]
-    assert left == [("reviewer", "*_skill")]
+    assert rest.exit_code == 0, rest.output
+    assert json.loads(rest.output)["findings"] == []
 
 
 def test_import_writes_valid_personas_and_reports(runner, tmp_path):

@@ -51,7 +51,14 @@ from registry.persona import Persona, Source
 from registry.settings import Settings
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "personas" / "valid"
-TABLES = {"agents", "chat_sessions", "chat_messages", "approval_audit"}
+TABLES = {
+    "agents",
+    "chat_sessions",
+    "chat_messages",
+    "approval_audit",
+    "marketplaces",
+    "installed_plugins",
+}
 
 
 def _persona(name: str = "disk_checker", body: str = "# Disk checker\n", **fields) -> Persona:
@@ -116,10 +123,10 @@ def test_upgrade_creates_the_tables_and_a_second_run_is_a_no_op(engine: Engine) 
     assert not TABLES & set(inspect(engine).get_table_names())
     upgrade(engine)
     assert set(inspect(engine).get_table_names()) >= TABLES
-    assert _version(engine) == _head() == "0002"
+    assert _version(engine) == _head() == "0003"
     SqlUserStore(engine).upsert(_persona())
     upgrade(engine)
-    assert _version(engine) == "0002"
+    assert _version(engine) == "0003"
     assert [p.name for p in SqlUserStore(engine).list()] == ["disk_checker"]
 
 

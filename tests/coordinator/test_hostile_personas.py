@@ -219,8 +219,8 @@ def test_request_and_response_fields_are_the_personas():
         "read_only_reason",
     ]  # fmt: skip
     response_only = {
-        "unknown_fields", "source", "path", "available", "unavailable_reason", "shadows",
-        "editable", "read_only_reason", "notice", "registry_version",
+        "unknown_fields", "source", "path", "plugin", "available", "unavailable_reason",
+        "shadows", "editable", "read_only_reason", "notice", "registry_version",
     }  # fmt: skip
     assert response_only == RESPONSE_ONLY_FIELDS
     assert set(AgentChange.model_fields) - set(AgentOut.model_fields) == {

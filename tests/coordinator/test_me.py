@@ -80,7 +80,13 @@ def test_me_names_the_user_role_permissions_and_the_roles_they_may_look_at(clien
     assert admin.json() == {
         "user": "alice",
         "role": "admin",
-        "permissions": {"edit_personas": True, "approve": True, "audit": True, "tools": ["*"]},
+        "permissions": {
+            "edit_personas": True,
+            "approve": True,
+            "audit": True,
+            "manage_plugins": True,
+            "tools": ["*"],
+        },
         "roles": ["admin", "operator", "viewer"],  # an editor sees every role's bag
     }
     viewer = client.get("/api/v1/me", headers=as_user("bob")).json()

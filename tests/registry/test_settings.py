@@ -60,7 +60,9 @@ def test_defaults_without_config_or_environment() -> None:
     assert s.marketplace_root == DEFAULT_MARKETPLACE_ROOT == Path("/var/lib/ongrid/agents")
     assert s.agent_dirs == [Path("agents"), Path("/var/lib/ongrid/agents")]
     assert sorted(s.roles) == ["admin", "operator", "viewer"]
-    assert s.roles["admin"] == RoleConfig(tools=["*"], edit_personas=True, approve=True, audit=True)
+    assert s.roles["admin"] == RoleConfig(
+        tools=["*"], edit_personas=True, approve=True, audit=True, manage_plugins=True
+    )
     assert s.roles["operator"] == RoleConfig(tools=["*"], approve=True)
     assert s.roles["viewer"].tools[0] == "query_*" and not s.roles["viewer"].approve
     assert (s.default_role, s.default_model, s.redis_url, s.extra) == ("admin", "", "", {})

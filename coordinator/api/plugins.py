@@ -1,0 +1,139 @@
+"""Marketplaces and plugins (admin only: a role with ``manage_plugins``).
+
+Adding a marketplace reads it (a directory, or a git repository cloned into the marketplace
+root); installing copies a plugin into the marketplace root, records it in the database and
+broadcasts a reload (:mod:`coordinator.plugin_manager`). Nothing from a bundle runs here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from coordinator.api.deps import Caller, Svc
+from coordinator.api.errors import Conflict
+from coordinator.api.schemas import ErrorOut
+from coordinator.auth import Principal, require
+from coordinator.plugin_manager import Conflict as PluginConflict
+from registry.persona import PermissionMode
+
+__all__ = ["router"]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 422, 503)
+}
+
+router = APIRouter(tags=["plugins"], responses=_ERRORS)
+
+
+def plugin_admin(principal: Caller) -> Principal:
+    """A caller whose role may manage plugins (403 otherwise)."""
+    require(principal, "manage_plugins")
+    return principal
+
+
+Admin = Annotated[Principal, Depends(plugin_admin)]
+
+
+class MarketplaceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="A directory holding .claude-plugin/marketplace.json, or a git repository "
+        "(a local path or file:// URL; a remote URL only with plugins_allow_network).",
+    )
+    name: str = Field(default="", max_length=64, description="Default: the marketplace's own.")
+
+
+class PluginIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plugin: str = Field(
+        min_length=3, max_length=200, description="`PLUGIN@MARKETPLACE`, e.g. `plugin-dev@acme`."
+    )
+    allow_mode: PermissionMode = Field(
+        default=PermissionMode.READ_ONLY,
+        description="The most the plugin's personas may do; a persona never gets more than it "
+        "declares, and one that declares nothing gets this.",
+    )
+    mcp: bool = Field(default=True, description="Start the plugin's MCP servers on the workers.")
+
+
+def _conflicts(call: Any) -> Any:
+    try:
+        return call()
+    except PluginConflict as exc:
+        raise Conflict(str(exc)) from None
+
+
+@router.get("/api/v1/marketplaces")
+def list_marketplaces(_who: Admin, svc: Svc) -> list[dict[str, Any]]:
+    """The marketplaces added, with their plugin count and the entries that cannot be read."""
+    return svc.plugins.marketplaces()
+
+
+@router.post("/api/v1/marketplaces", status_code=201)
+def add_marketplace(body: MarketplaceIn, who: Admin, svc: Svc) -> dict[str, Any]:
+    """Add a marketplace, or read an added one again (a git one is cloned again)."""
+    return svc.plugins.add_marketplace(body.source, name=body.name, user=who.user)
+
+
+@router.delete("/api/v1/marketplaces/{name}", status_code=204, response_class=Response)
+def remove_marketplace(name: str, _who: Admin, svc: Svc) -> Response:
+    """Forget a marketplace (409 while plugins installed from it remain)."""
+    _conflicts(lambda: svc.plugins.remove_marketplace(name))
+    return Response(status_code=204)
+
+
+@router.get("/api/v1/marketplaces/{name}/plugins")
+def marketplace_plugins(name: str, _who: Admin, svc: Svc) -> list[dict[str, Any]]:
+    """Every plugin of the marketplace: reachable (or why not) and whether it is installed."""
+    return svc.plugins.available(name)
+
+
+@router.get("/api/v1/plugins")
+def list_plugins(_who: Admin, svc: Svc) -> list[dict[str, Any]]:
+    """The installed plugins: where each came from and what it brought."""
+    return svc.plugins.installed()
+
+
+@router.post("/api/v1/plugins", status_code=201)
+def install_plugin(body: PluginIn, who: Admin, svc: Svc, response: Response) -> dict[str, Any]:
+    """Install (or re-install: an update) a plugin; 200 when nothing changed."""
+    outcome = _conflicts(
+        lambda: svc.plugins.install(
+            body.plugin, allow_mode=body.allow_mode.value, mcp=body.mcp, user=who.user
+        )
+    )
+    if not outcome.changed:
+        response.status_code = 200
+    svc.snapshot()  # this process reloads now, not at its next request
+    return dict(outcome.as_dict())
+
+
+@router.post("/api/v1/plugins/update")
+def update_plugins(who: Admin, svc: Svc) -> list[dict[str, Any]]:
+    """Install every plugin again from its marketplace, keeping its options."""
+    results = svc.plugins.update(user=who.user)
+    svc.snapshot()
+    return results
+
+
+@router.post("/api/v1/plugins/{name}/update")
+def update_plugin(name: str, who: Admin, svc: Svc) -> list[dict[str, Any]]:
+    """Install one plugin again from its marketplace."""
+    results = svc.plugins.update(name, user=who.user)
+    svc.snapshot()
+    return results
+
+
+@router.delete("/api/v1/plugins/{name}", status_code=204, response_class=Response)
+def remove_plugin(name: str, _who: Admin, svc: Svc) -> Response:
+    """Uninstall: the files, the record, and a reload broadcast."""
+    svc.plugins.remove(name)
+    svc.snapshot()
+    return Response(status_code=204)

@@ -1,0 +1,541 @@
+"""Adding marketplaces and installing, updating and removing their plugins (admin only).
+
+An install never runs anything from the bundle. It copies the plugin's regular files (checked
+by :func:`marketplace.formats.check_tree`: no link out of the bundle, no oversized or special
+file) into ``<root>/.staging/``, writes the install record, loads the copy once as a reload
+would, and only then makes it visible with two atomic steps: a rename to
+``<root>/plugins/<name>/<version>-<hash>/`` and a swap of the ``current`` link. A failure at
+any step before the swap leaves the previous state (and no staged files) behind. The database
+row is written after the swap; if that write fails the swap is undone.
+
+Every change ends with a registry reload broadcast, so every worker and API process sees the
+new personas, skills and tools at its next spawn. Operations on one marketplace root are
+serialised by a lock file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from coordinator.storage.plugins import InstalledRecord, MarketplaceRecord, PluginStore
+from marketplace.formats import (
+    Marketplace,
+    PluginEntry,
+    check_tree,
+    parse_source,
+    read_marketplace,
+    read_plugin,
+)
+from marketplace.layer import (
+    CURRENT_LINK,
+    PLUGINS_DIR,
+    RECORD_FILE,
+    InstallRecord,
+    LoadedPlugin,
+    load_plugin,
+    read_record,
+)
+from marketplace.model import BundleError
+from marketplace.sources import describe_source, materialize_marketplace, resolve_plugin_source
+from registry.errors import NotFoundError, UserError
+from registry.persona import PermissionMode
+
+__all__ = ["Conflict", "PluginManager", "parse_plugin_ref"]
+
+STAGING_DIR = ".staging"
+MARKETPLACES_DIR = "marketplaces"
+LOCK_FILE = ".lock"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+
+
+class Conflict(UserError):
+    """The change clashes with what is installed (HTTP 409)."""
+
+
+def parse_plugin_ref(text: str) -> tuple[str, str]:
+    """``plugin@marketplace`` → (plugin, marketplace)."""
+    plugin, sep, market = text.strip().rpartition("@")
+    if not sep or not plugin or not market:
+        raise UserError(
+            f"expected PLUGIN@MARKETPLACE (e.g. plugin-dev@claude-plugins), got {text!r}"
+        )
+    return plugin, market
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _content_hash(root: Path, files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(files, key=str):
+        h.update(str(rel).encode() + b"\0")
+        with (root / rel).open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _copy_files(src: Path, dest: Path, files: list[Path]) -> None:
+    """Copy the checked regular files; only the owner's execute bit survives (no setuid, no
+    group or world write): scripts stay runnable, nothing else of the source's modes."""
+    for rel in files:
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        origin = src / rel
+        shutil.copyfile(origin, target, follow_symlinks=True)
+        executable = os.stat(origin).st_mode & stat.S_IXUSR
+        os.chmod(target, 0o755 if executable else 0o644)
+
+
+def _dir_name(version: str, content_hash: str) -> str:
+    label = re.sub(r"[^A-Za-z0-9._-]+", "-", version).strip("-.") or "unversioned"
+    return f"{label[:40]}-{content_hash[:12]}"
+
+
+@dataclass(frozen=True)
+class InstallOutcome:
+    record: InstalledRecord
+    plugin: LoadedPlugin
+    changed: bool
+    #: The cluster's registry version after the broadcast (0: nothing was broadcast).
+    version: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **self.plugin.as_dict(),
+            **self.record.as_dict(),
+            "changed": self.changed,
+            "registry_version": self.version,
+        }
+
+
+class PluginManager:
+    """Marketplaces and plugins of one marketplace root and one database."""
+
+    def __init__(
+        self,
+        root: Path,
+        store: PluginStore,
+        *,
+        broadcast: Callable[[], int],
+        allow_network: bool = False,
+        git_timeout: float = 120.0,
+    ) -> None:
+        self.root = Path(root)
+        self.store = store
+        self._broadcast = broadcast
+        self.allow_network = allow_network
+        self.git_timeout = git_timeout
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            handle = (self.root / LOCK_FILE).open("a")
+        except OSError as exc:
+            raise UserError(
+                f"the marketplace root {self.root} is not writable ({exc.strerror}): set "
+                "ONGRID_MARKETPLACE_ROOT (marketplace_root) to a directory this process may write"
+            ) from None
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                self._clean_staging()
+                yield
+            finally:
+                self._prune()
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _prune(self) -> None:
+        """Folders the layout made and nothing uses any more go, so a removal leaves no trace
+        but the lock file."""
+        for name in (STAGING_DIR, PLUGINS_DIR, MARKETPLACES_DIR):
+            with contextlib.suppress(OSError):
+                (self.root / name).rmdir()  # only when empty
+
+    def _clean_staging(self) -> None:
+        """Whatever a crashed install left staged is removed (the lock is held: no install of
+        this root is running)."""
+        staging = self.root / STAGING_DIR
+        if staging.is_dir():
+            for child in staging.iterdir():
+                shutil.rmtree(child, ignore_errors=True)
+
+    def _stage(self, prefix: str) -> Path:
+        staging = self.root / STAGING_DIR
+        staging.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir=staging))
+
+    def _market(self, name: str) -> tuple[MarketplaceRecord, Marketplace]:
+        record = self.store.marketplace(name)
+        if record is None:
+            known = [m.name for m in self.store.marketplaces()]
+            raise NotFoundError("marketplace", name, known)
+        return record, read_marketplace(Path(record.location))
+
+    # -- marketplaces --------------------------------------------------------------------------
+
+    def add_marketplace(self, source: str, *, name: str = "", user: str = "") -> dict[str, Any]:
+        """Add (or refresh) a marketplace from a directory or a git repository."""
+        with self._locked():
+            work = self._stage("marketplace")
+            try:
+                location, kind, ref = materialize_marketplace(
+                    source, work, allow_network=self.allow_network, timeout=self.git_timeout
+                )
+                market = read_marketplace(location)
+                market_name = name or market.name
+                if not _NAME.match(market_name):
+                    raise UserError(
+                        f"marketplace name {market_name!r}: expected lowercase letters, digits, "
+                        "'.', '_' or '-' (at most 64), e.g. --name my-plugins"
+                    )
+                if kind == "git":
+                    # The clone is kept in the root: installs and updates read it from there.
+                    final = self.root / MARKETPLACES_DIR / market_name
+                    final.parent.mkdir(parents=True, exist_ok=True)
+                    old = final.with_name(f".{market_name}.old")
+                    shutil.rmtree(old, ignore_errors=True)
+                    if final.exists():
+                        final.rename(old)
+                    os.rename(location, final)
+                    shutil.rmtree(old, ignore_errors=True)
+                    location = final
+                record = self.store.put_marketplace(
+                    MarketplaceRecord(
+                        name=market_name,
+                        source=source,
+                        kind=kind,
+                        location=str(location),
+                        ref=ref,
+                        added_by=user,
+                    )
+                )
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+        return self._market_view(record, read_marketplace(Path(record.location)))
+
+    def _market_view(self, record: MarketplaceRecord, market: Marketplace) -> dict[str, Any]:
+        return {
+            **record.as_dict(),
+            "owner": market.owner,
+            "description": market.description,
+            "plugins": len(market.plugins),
+            "problems": [{"plugin": p, "reason": r} for p, r in market.problems],
+        }
+
+    def marketplaces(self) -> list[dict[str, Any]]:
+        out = []
+        for record in self.store.marketplaces():
+            try:
+                out.append(self._market_view(record, read_marketplace(Path(record.location))))
+            except UserError as exc:
+                out.append({**record.as_dict(), "error": str(exc)})
+        return out
+
+    def remove_marketplace(self, name: str) -> None:
+        with self._locked():
+            record = self.store.marketplace(name)
+            if record is None:
+                raise NotFoundError(
+                    "marketplace", name, [m.name for m in self.store.marketplaces()]
+                )
+            users = [p.name for p in self.store.plugins() if p.marketplace == name]
+            if users:
+                raise Conflict(
+                    f"plugins installed from marketplace {name!r}: {', '.join(users)}; remove "
+                    "them first (ongrid plugins remove NAME)"
+                )
+            self.store.delete_marketplace(name)
+            if record.kind == "git":
+                shutil.rmtree(self.root / MARKETPLACES_DIR / name, ignore_errors=True)
+
+    def available(self, marketplace: str = "") -> list[dict[str, Any]]:
+        """Every plugin of every (or one) marketplace: reachable or why not, installed or not.
+        Remote sources are not cloned to tell: without network access they are unreachable."""
+        installed = {p.name: p for p in self.store.plugins()}
+        names = [marketplace] if marketplace else [m.name for m in self.store.marketplaces()]
+        out: list[dict[str, Any]] = []
+        for market_name in names:
+            _record, market = self._market(market_name)
+            for entry in market.plugins:
+                reason = self._unreachable(market, entry)
+                have = installed.get(entry.name)
+                out.append(
+                    {
+                        "name": entry.name,
+                        "marketplace": market_name,
+                        "description": entry.description,
+                        "version": entry.version,
+                        "category": entry.category,
+                        "source": describe_source(entry),
+                        "reachable": reason is None,
+                        "unreachable_reason": reason,
+                        "installed": have.version
+                        if have and have.marketplace == market_name
+                        else None,
+                    }
+                )
+            out.extend(
+                {
+                    "name": plugin,
+                    "marketplace": market_name,
+                    "reachable": False,
+                    "unreachable_reason": reason,
+                }
+                for plugin, reason in market.problems
+            )
+        return out
+
+    def _unreachable(self, market: Marketplace, entry: PluginEntry) -> str | None:
+        try:
+            source = parse_source(entry.source, plugin_root=market.plugin_root)
+        except BundleError as exc:
+            return exc.reason
+        if source.kind == "path":
+            path = (market.root / (source.path or "")).resolve()
+            if not path.is_relative_to(market.root.resolve()):
+                return f"source {source.path!r} leaves the marketplace directory"
+            return None if path.is_dir() else f"source directory {source.path!r} does not exist"
+        url = source.url or ""
+        local = url.startswith("file://") or url.startswith("/")
+        if not local and not self.allow_network:
+            return (
+                f"remote source {url}: network sources are off (plugins_allow_network: true "
+                "to clone them)"
+            )
+        return None
+
+    # -- plugins -------------------------------------------------------------------------------
+
+    def installed(self) -> list[dict[str, Any]]:
+        """The installed plugins: the database's record and what their copy holds."""
+        out = []
+        for record in self.store.plugins():
+            view: dict[str, Any] = record.as_dict()
+            try:
+                plugin_dir = Path(record.path)
+                loaded = load_plugin(plugin_dir, read_record(plugin_dir))[0]
+                view = {**loaded.as_dict(), **view}
+            except UserError as exc:
+                view["error"] = str(exc)
+            out.append(view)
+        return out
+
+    def install(
+        self,
+        ref: str,
+        *,
+        allow_mode: str = PermissionMode.READ_ONLY.value,
+        mcp: bool = True,
+        user: str = "",
+    ) -> InstallOutcome:
+        """Install ``plugin@marketplace``; the same plugin installed again is an update."""
+        plugin, market_name = parse_plugin_ref(ref)
+        try:
+            PermissionMode(allow_mode)
+        except ValueError:
+            modes = ", ".join(m.value for m in PermissionMode)
+            raise UserError(f"allow_mode: expected one of {modes}, got {allow_mode!r}") from None
+        with self._locked():
+            outcome = self._install(plugin, market_name, allow_mode=allow_mode, mcp=mcp, user=user)
+        if outcome.changed:
+            outcome = replace(outcome, version=self._broadcast())
+        return outcome
+
+    def _install(
+        self, plugin: str, market_name: str, *, allow_mode: str, mcp: bool, user: str
+    ) -> InstallOutcome:
+        record, market = self._market(market_name)
+        entry = next((p for p in market.plugins if p.name == plugin), None)
+        problem = next((why for name, why in market.problems if name == plugin), None)
+        if entry is None and problem is not None:
+            raise UserError(f"plugin {plugin!r} cannot be installed: {problem}")
+        if entry is None:
+            raise NotFoundError(
+                f"plugin in marketplace {market_name!r}", plugin, [p.name for p in market.plugins]
+            )
+        existing = self.store.plugin(plugin)
+        if existing is not None and existing.marketplace != market_name:
+            raise Conflict(
+                f"plugin {plugin!r} is installed from marketplace {existing.marketplace!r}; "
+                "remove it first to install it from another"
+            )
+        work = self._stage(f"fetch-{plugin}")
+        staged = self._stage(f"install-{plugin}")
+        try:
+            resolved = resolve_plugin_source(
+                market, entry, work, allow_network=self.allow_network, timeout=self.git_timeout
+            )
+            if resolved.path is None:
+                raise UserError(f"plugin {plugin!r} cannot be installed: {resolved.unreachable}")
+            try:
+                files = check_tree(resolved.path)
+            except BundleError as exc:
+                raise BundleError(f"plugin {plugin!r} cannot be installed", str(exc)) from None
+            _copy_files(resolved.path, staged, files)
+            content_hash = _content_hash(staged, files)
+            layout_version = _version_of(staged, entry)
+            install = InstallRecord(
+                name=plugin,
+                version=layout_version,
+                marketplace=market_name,
+                source=describe_source(entry),
+                ref=resolved.ref or record.ref,
+                content_hash=content_hash,
+                allowed_mode=allow_mode,
+                mcp=mcp,
+                installed_by=user,
+                installed_at=_now(),
+                entry=dict(entry.raw),
+            )
+            _write_record(staged, install)
+            loaded = load_plugin(staged, install)[0]  # refuses a layout no reload could read
+            return self._commit(plugin, staged, install, loaded, existing)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def _commit(
+        self,
+        plugin: str,
+        staged: Path,
+        install: InstallRecord,
+        loaded: LoadedPlugin,
+        existing: InstalledRecord | None,
+    ) -> InstallOutcome:
+        home = self.root / PLUGINS_DIR / plugin
+        final = home / _dir_name(install.version, install.content_hash)
+        link = home / CURRENT_LINK
+        previous = link.resolve() if link.is_symlink() else None
+        same = (
+            existing is not None
+            and existing.content_hash == install.content_hash
+            and existing.allowed_mode == install.allowed_mode
+            and existing.mcp == install.mcp
+            and previous == final
+        )
+        if same and existing is not None:
+            return InstallOutcome(existing, load_plugin(final, read_record(final))[0], False)
+        home.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # the same content, installed before with other options
+            shutil.rmtree(final)
+        os.rename(staged, final)
+        _point(link, final.name)
+        row = InstalledRecord(
+            name=plugin,
+            marketplace=install.marketplace,
+            version=install.version,
+            source=install.source,
+            ref=install.ref,
+            content_hash=install.content_hash,
+            path=str(final),
+            allowed_mode=install.allowed_mode,
+            mcp=install.mcp,
+            installed_by=install.installed_by,
+        )
+        try:
+            stored = self.store.put_plugin(row)
+        except Exception:
+            # The database did not take the record: put the previous version back.
+            if previous is not None and previous.is_dir():
+                _point(link, previous.name)
+            else:
+                link.unlink(missing_ok=True)
+            shutil.rmtree(final, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                home.rmdir()  # a first install leaves no empty folder behind
+            raise
+        for old in home.iterdir():
+            if old.name not in {CURRENT_LINK, final.name}:
+                shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        # Read again where it now is, so the paths it reports are those a reload sees.
+        return InstallOutcome(stored, load_plugin(final, install)[0], True)
+
+    def remove(self, plugin: str) -> int:
+        """Uninstall: the record, the files, and then a reload broadcast. Returns the cluster's
+        registry version after it."""
+        with self._locked():
+            record = self.store.plugin(plugin)
+            home = self.root / PLUGINS_DIR / plugin
+            if record is None and not home.exists():
+                raise NotFoundError(
+                    "installed plugin", plugin, [p.name for p in self.store.plugins()]
+                )
+            # The link first: a reload from now on no longer sees the plugin.
+            (home / CURRENT_LINK).unlink(missing_ok=True)
+            self.store.delete_plugin(plugin)
+            shutil.rmtree(home, ignore_errors=True)
+        return self._broadcast()
+
+    def update(self, plugin: str = "", *, user: str = "") -> list[dict[str, Any]]:
+        """Install again from its marketplace every (or one) installed plugin, keeping the
+        options it was installed with. A git marketplace is fetched again first."""
+        records = self.store.plugins()
+        if plugin:
+            records = [r for r in records if r.name == plugin]
+            if not records:
+                raise NotFoundError(
+                    "installed plugin", plugin, [p.name for p in self.store.plugins()]
+                )
+        refreshed: set[str] = set()
+        results: list[dict[str, Any]] = []
+        for record in records:
+            market = self.store.marketplace(record.marketplace)
+            if market is not None and market.kind == "git" and market.name not in refreshed:
+                self.add_marketplace(market.source, name=market.name, user=user)
+                refreshed.add(market.name)
+            try:
+                outcome = self.install(
+                    f"{record.name}@{record.marketplace}",
+                    allow_mode=record.allowed_mode,
+                    mcp=record.mcp,
+                    user=user or record.installed_by,
+                )
+            except UserError as exc:
+                results.append({"name": record.name, "updated": False, "error": str(exc)})
+                continue
+            results.append(
+                {
+                    "name": record.name,
+                    "updated": outcome.changed,
+                    "version": outcome.record.version,
+                    "content_hash": outcome.record.content_hash,
+                }
+            )
+        return results
+
+
+def _version_of(root: Path, entry: PluginEntry) -> str:
+    return read_plugin(root, entry).version or entry.version or ""
+
+
+def _write_record(directory: Path, record: InstallRecord) -> None:
+    (directory / RECORD_FILE).write_text(
+        json.dumps(record.as_dict(), indent=2, sort_keys=True), encoding="utf-8"
+    )
+
+
+def _point(link: Path, target: str) -> None:
+    """Point ``link`` at ``target`` (a sibling) in one atomic rename."""
+    temporary = link.with_name(f".{link.name}.{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    os.symlink(target, temporary)
+    os.replace(temporary, link)
