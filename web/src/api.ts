@@ -52,9 +52,15 @@ export class Api {
     return { Authorization: `Bearer ${this.token}`, Accept: "application/json", ...extra };
   }
 
-  async request<T>(method: string, path: string, body?: unknown): Promise<T> {
+  /** ``timeoutMs``: longer for a request the server may spend minutes on (a git clone). */
+  async request<T>(
+    method: string,
+    path: string,
+    body?: unknown,
+    timeoutMs: number = REQUEST_TIMEOUT_MS,
+  ): Promise<T> {
     const controller = new AbortController();
-    const timer = setTimeout(() => controller.abort(), REQUEST_TIMEOUT_MS);
+    const timer = setTimeout(() => controller.abort(), timeoutMs);
     let response: Response;
     try {
       response = await fetch(path, {
@@ -66,7 +72,7 @@ export class Api {
       });
     } catch (exc) {
       const why = controller.signal.aborted
-        ? `no answer within ${REQUEST_TIMEOUT_MS / 1000} s`
+        ? `no answer within ${timeoutMs / 1000} s`
         : String(exc);
       throw new ApiError(0, `the server could not be reached (${method} ${path}: ${why})`);
     } finally {
@@ -80,8 +86,8 @@ export class Api {
   get<T>(path: string): Promise<T> {
     return this.request<T>("GET", path);
   }
-  post<T>(path: string, body?: unknown): Promise<T> {
-    return this.request<T>("POST", path, body ?? {});
+  post<T>(path: string, body?: unknown, timeoutMs?: number): Promise<T> {
+    return this.request<T>("POST", path, body ?? {}, timeoutMs);
   }
   patch<T>(path: string, body: unknown): Promise<T> {
     return this.request<T>("PATCH", path, body);

@@ -9,6 +9,7 @@ import { Link } from "./ui";
 import { AgentsPage } from "./views/agents";
 import { ApprovalsPage } from "./views/approvals";
 import { ChatPage } from "./views/chat";
+import { PluginsPage } from "./views/plugins";
 import { SkillsPage } from "./views/skills";
 import { TranscriptPage } from "./views/transcript";
 import "./styles.css";
@@ -22,6 +23,7 @@ type Route =
   | { view: "spawn"; spawnId: string }
   | { view: "agents"; name?: string }
   | { view: "skills" }
+  | { view: "plugins" }
   | { view: "missing"; path: string };
 
 function parse(path: string): Route {
@@ -37,6 +39,7 @@ function parse(path: string): Route {
       return parts.length <= 3 && third ? { view: "agents", name: third } : { view: "agents" };
     }
     if (second === "skills") return { view: "skills" };
+    if (second === "plugins" && parts.length === 2) return { view: "plugins" };
   }
   return { view: "missing", path };
 }
@@ -138,6 +141,11 @@ function Shell({ api, me, onSignOut }: { api: Api; me: Me; onSignOut: () => void
             <Link href="/settings/skills" aria-current={current("skills")}>
               Skills
             </Link>
+            {me.permissions.manage_plugins && (
+              <Link href="/settings/plugins" aria-current={current("plugins")}>
+                Plugins
+              </Link>
+            )}
           </nav>
           <span class="who" aria-label="Signed in as">
             {me.user} · {me.role}
@@ -151,6 +159,7 @@ function Shell({ api, me, onSignOut }: { api: Api; me: Me; onSignOut: () => void
         {route.view === "spawn" && <TranscriptPage spawnId={route.spawnId} />}
         {route.view === "agents" && <AgentsPage name={route.name} />}
         {route.view === "skills" && <SkillsPage />}
+        {route.view === "plugins" && <PluginsPage />}
         {route.view === "missing" && (
           <main class="page">
             <h1>Not found</h1>

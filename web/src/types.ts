@@ -12,7 +12,13 @@ export type SpawnStatus =
 export interface Me {
   user: string;
   role: string;
-  permissions: { edit_personas: boolean; approve: boolean; audit: boolean; tools: string[] };
+  permissions: {
+    edit_personas: boolean;
+    approve: boolean;
+    audit: boolean;
+    manage_plugins: boolean;
+    tools: string[];
+  };
   roles: string[];
 }
 
@@ -273,3 +279,73 @@ export interface Problem {
   message: string;
   in?: string;
 }
+
+// -- marketplaces and plugins (coordinator/api/plugins.py) ----------------------------------------
+
+export interface MarketplaceProblem {
+  plugin: string;
+  reason: string;
+}
+
+/** An added marketplace; one that cannot be read any more carries ``error`` instead of the
+ * fields read from its marketplace.json. */
+export interface Marketplace {
+  name: string;
+  source: string;
+  kind: "directory" | "git" | string;
+  location: string;
+  ref: string;
+  added_by: string;
+  added_at: string | null;
+  owner?: string | Record<string, unknown> | null;
+  description?: string | null;
+  plugins?: number;
+  problems?: MarketplaceProblem[];
+  error?: string;
+}
+
+/** One plugin a marketplace lists (an entry it could not read has only the name and reason). */
+export interface MarketplacePlugin {
+  name: string;
+  marketplace: string;
+  description?: string | null;
+  version?: string | null;
+  category?: string | null;
+  source?: string;
+  reachable: boolean;
+  unreachable_reason: string | null;
+  installed?: string | null;
+}
+
+export type AllowMode = "read-only" | "mutating-with-confirm" | "dual-sign-required";
+
+export interface InstalledPlugin {
+  name: string;
+  version: string;
+  marketplace: string;
+  source: string;
+  ref: string;
+  content_hash: string;
+  path: string;
+  allowed_mode: string;
+  mcp: boolean;
+  installed_by: string;
+  installed_at: string | null;
+  agents?: string[];
+  skills?: string[];
+  tools?: string[];
+  mcp_servers?: string[];
+  unused?: string[];
+  warnings?: string[];
+  /** Set when the installed copy cannot be read (the record is still there). */
+  error?: string;
+}
+
+export interface InstallOutcome extends InstalledPlugin {
+  changed: boolean;
+  registry_version: number;
+}
+
+export type UpdateResult =
+  | { name: string; updated: boolean; version: string; content_hash: string }
+  | { name: string; updated: false; error: string };
