@@ -16,6 +16,7 @@ serialised by a lock file.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import hashlib
 import json
@@ -169,6 +170,18 @@ class PluginManager:
         for name in (STAGING_DIR, PLUGINS_DIR, MARKETPLACES_DIR):
             with contextlib.suppress(OSError):
                 (self.root / name).rmdir()  # only when empty
+
+    def _announce(self, done: str) -> int:
+        """Broadcast the reload of a change already made; if Redis cannot take it, say that the
+        change stands and what to run once Redis answers (no process sees it until then)."""
+        try:
+            return self._broadcast()
+        except Exception as exc:  # noqa: BLE001 - Redis errors of every kind, named below
+            raise UserError(
+                f"{done}, but the reload could not be broadcast ({type(exc).__name__}: {exc}); "
+                "workers and API processes see it after the next reload: run `ongrid agents "
+                "reload` once Redis answers"
+            ) from None
 
     def _clean_staging(self) -> None:
         """Whatever a crashed install left staged is removed (the lock is held: no install of
@@ -357,7 +370,7 @@ class PluginManager:
         with self._locked():
             outcome = self._install(plugin, market_name, allow_mode=allow_mode, mcp=mcp, user=user)
         if outcome.changed:
-            outcome = replace(outcome, version=self._broadcast())
+            outcome = replace(outcome, version=self._announce(f"plugin {plugin!r} installed"))
         return outcome
 
     def _install(
@@ -369,9 +382,9 @@ class PluginManager:
         if entry is None and problem is not None:
             raise UserError(f"plugin {plugin!r} cannot be installed: {problem}")
         if entry is None:
-            raise NotFoundError(
-                f"plugin in marketplace {market_name!r}", plugin, [p.name for p in market.plugins]
-            )
+            # The closest names, not all of them: a marketplace lists hundreds.
+            close = difflib.get_close_matches(plugin, [p.name for p in market.plugins], n=5)
+            raise NotFoundError("plugin", f"{plugin}@{market_name}", close)
         existing = self.store.plugin(plugin)
         if existing is not None and existing.marketplace != market_name:
             raise Conflict(
@@ -483,7 +496,7 @@ class PluginManager:
             (home / CURRENT_LINK).unlink(missing_ok=True)
             self.store.delete_plugin(plugin)
             shutil.rmtree(home, ignore_errors=True)
-        return self._broadcast()
+        return self._announce(f"plugin {plugin!r} removed")
 
     def update(self, plugin: str = "", *, user: str = "") -> list[dict[str, Any]]:
         """Install again from its marketplace every (or one) installed plugin, keeping the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,6 +293,28 @@ def _json_of(source: Path | Mapping[str, Any]) -> dict[str, Any]:
     return dict(source)
 
 
+#: Plugins read by earlier reloads. An installed directory is never changed once it is renamed
+#: into place (an update is a new directory), so what was read from it holds while its record
+#: and the tool names taken before it are the same.
+_LOADED: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+_LOADED_MAX = 512
+_LOADED_LOCK = threading.Lock()
+
+
+def _load_cached(directory: Path, record: InstallRecord, taken: frozenset[str]) -> tuple[Any, ...]:
+    key = (str(directory), json.dumps(record.as_dict(), sort_keys=True), taken)
+    with _LOADED_LOCK:
+        hit = _LOADED.get(key)
+    if hit is not None:
+        return hit
+    loaded = load_plugin(directory, record, taken_tools=taken)
+    with _LOADED_LOCK:
+        if len(_LOADED) >= _LOADED_MAX:
+            _LOADED.clear()
+        _LOADED[key] = loaded
+    return loaded
+
+
 def installed_dirs(root: Path) -> list[tuple[str, Path]]:
     """(plugin, installed directory) for every plugin whose ``current`` link resolves."""
     base = root / PLUGINS_DIR
@@ -324,8 +347,8 @@ def read_bundles(
     for name, directory in installed_dirs(root):
         try:
             record = read_record(directory)
-            loaded, found, their_skills, their_tools, their_servers = load_plugin(
-                directory, record, taken_tools=taken
+            loaded, found, their_skills, their_tools, their_servers = _load_cached(
+                directory, record, frozenset(taken)
             )
         except OngridError as exc:
             warnings.append(LoadWarning(str(directory), f"plugin {name!r} not loaded: {exc}"))
