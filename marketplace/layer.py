@@ -315,8 +315,9 @@ def _load_cached(directory: Path, record: InstallRecord, taken: frozenset[str]) 
     return loaded
 
 
-def installed_dirs(root: Path) -> list[tuple[str, Path]]:
-    """(plugin, installed directory) for every plugin whose ``current`` link resolves."""
+def installed_dirs(root: Path, warnings: list[LoadWarning] | None = None) -> list[tuple[str, Path]]:
+    """(plugin, installed directory) for every plugin whose ``current`` link resolves; one whose
+    link leads nowhere (its directory was deleted by hand) is a warning in ``warnings``."""
     base = root / PLUGINS_DIR
     if not base.is_dir():
         return []
@@ -325,6 +326,14 @@ def installed_dirs(root: Path) -> list[tuple[str, Path]]:
         link = child / CURRENT_LINK
         if child.is_dir() and link.is_dir():
             out.append((child.name, link.resolve()))
+        elif link.is_symlink() and warnings is not None:
+            warnings.append(
+                LoadWarning(
+                    str(link),
+                    f"plugin {child.name!r} not loaded: its installed directory is missing; "
+                    "install it again (ongrid plugins update) or remove it",
+                )
+            )
     return out
 
 
@@ -344,7 +353,7 @@ def read_bundles(
     warnings: list[LoadWarning] = []
     taken = {*reserved_tools, *(t.name for t in SKILL_TOOLS)}
     digest = hashlib.sha256()
-    for name, directory in installed_dirs(root):
+    for name, directory in installed_dirs(root, warnings):
         try:
             record = read_record(directory)
             loaded, found, their_skills, their_tools, their_servers = _load_cached(

@@ -140,7 +140,18 @@ def _default_roles() -> dict[str, RoleConfig]:
         ),
         "operator": RoleConfig(tools=["*"], approve=True),
         "viewer": RoleConfig(
-            tools=["query_*", "search_*", "find_*", "expand_*", "get_*", "host_probe", "read_repo"]
+            tools=[
+                "query_*",
+                "search_*",
+                "find_*",
+                "expand_*",
+                "get_*",
+                "host_probe",
+                "read_repo",
+                # reading a skill changes nothing; manifest and MCP tools are not granted
+                "load_skill",
+                "read_file_skill",
+            ]
         ),
     }
 

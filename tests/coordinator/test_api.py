@@ -754,7 +754,7 @@ def test_skills_by_role_and_by_agent(api: Api, site: Site):
     viewer = api.client("bob").get("/api/v1/skills").json()
     assert {t["name"] for t in viewer["tools"]} <= {
         n for n in names if n.startswith(("query_", "search_", "find_", "expand_", "get_"))
-    } | {"host_probe", "read_repo"}
+    } | {"host_probe", "read_repo", "load_skill", "read_file_skill"}
     assert "bash" not in {t["name"] for t in viewer["tools"]}
 
     bag = api.client().get("/api/v1/skills", params={"agent": "fixer"}).json()
