@@ -175,6 +175,25 @@ def test_install_update_and_remove_a_plugin_of_a_local_marketplace(cluster: Clus
     assert done.status == "ok", done.error
     assert "Version one." in system_of(cluster.fake.requests_for("How full?")[0])
 
+    # A persona of this site lists the plugin's skill by its bare name and loads it.
+    cluster.persona("df-reader", skills=["df-guide"], tools=["query_promql"])
+    cluster.client.reload()
+    ask = "Read the disk usage guide."
+    cluster.fake.script(
+        [
+            call("load_skill", {"name": "df-guide"}, match=ask, turn=0),
+            final("Guide read.", match=ask, turn=1),
+        ]
+    )
+    done = cluster.client.wait(cluster.client.spawn("df-reader", ask).spawn_id)
+    assert done.status == "ok", done.error
+    opening, after = cluster.fake.requests_for(ask)
+    prompt_text = system_of(opening)
+    assert "diskkit:df-guide" in prompt_text and "How to read disk usage." in prompt_text
+    assert "Read df -h first." not in prompt_text
+    loaded = [m["content"] for m in after["messages"] if m["role"] == "tool"]
+    assert len(loaded) == 1 and "Read df -h first." in loaded[0]
+
     agent_file(plugin / "agents", "disk-doctor", body="# Disk doctor\n\nVersion two.")
     (updated,) = ongrid_json(cluster, "plugins", "update", "diskkit")
     assert updated["updated"] and updated["content_hash"] != first["content_hash"]
