@@ -207,6 +207,8 @@ class PluginManager:
 
     def add_marketplace(self, source: str, *, name: str = "", user: str = "") -> dict[str, Any]:
         """Add (or refresh) a marketplace from a directory or a git repository."""
+        if Path(source).exists():  # a path: recorded absolute, so every process finds it
+            source = str(Path(source).resolve())
         with self._locked():
             work = self._stage("marketplace")
             try:
@@ -219,6 +221,12 @@ class PluginManager:
                     raise UserError(
                         f"marketplace name {market_name!r}: expected lowercase letters, digits, "
                         "'.', '_' or '-' (at most 64), e.g. --name my-plugins"
+                    )
+                known = self.store.marketplace(market_name)
+                if known is not None and known.source != source:
+                    raise Conflict(
+                        f"a marketplace named {market_name!r} is already added from "
+                        f"{known.source}; remove it first, or add this one with --name"
                     )
                 if kind == "git":
                     # The clone is kept in the root: installs and updates read it from there.

@@ -224,8 +224,7 @@ def load_plugin(
             warnings.append(_problem(skill_dir, exc))
             continue
         skills.append(
-            Skill(
-                qualified=f"{name}:{doc.name}",
+            Skill.create(
                 name=doc.name,
                 plugin=name,
                 description=doc.description,

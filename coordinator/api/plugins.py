@@ -78,8 +78,11 @@ def list_marketplaces(_who: Admin, svc: Svc) -> list[dict[str, Any]]:
 
 @router.post("/api/v1/marketplaces", status_code=201)
 def add_marketplace(body: MarketplaceIn, who: Admin, svc: Svc) -> dict[str, Any]:
-    """Add a marketplace, or read an added one again (a git one is cloned again)."""
-    return svc.plugins.add_marketplace(body.source, name=body.name, user=who.user)
+    """Add a marketplace, or read an added one again (a git one is cloned again); 409 when
+    the name is taken by a marketplace of another source."""
+    return dict(
+        _conflicts(lambda: svc.plugins.add_marketplace(body.source, name=body.name, user=who.user))
+    )
 
 
 @router.delete("/api/v1/marketplaces/{name}", status_code=204, response_class=Response)

@@ -467,6 +467,20 @@ def test_a_marketplace_in_use_cannot_be_removed(
         manager.remove_marketplace("team")
 
 
+def test_a_marketplace_name_taken_by_another_source_is_refused(
+    manager: PluginManager, market: Market, tmp_path: Path, store: PluginStore
+) -> None:
+    full_plugin(market)
+    added(manager, market)
+    other = Market(tmp_path / "other")
+    full_plugin(other)
+    with pytest.raises(Conflict, match="already added from"):
+        manager.add_marketplace(str(other.root), name="team")
+    assert store.marketplace("team").location == str(market.root.resolve())
+    again = manager.add_marketplace(str(market.root))  # the same source: read again
+    assert again["name"] == "team" and again["plugins"] == 1
+
+
 def test_installing_an_unknown_plugin_names_the_plugins_it_may_have_meant(
     manager: PluginManager, market: Market, root: Path
 ) -> None:
