@@ -45,10 +45,10 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from marketplace.mcp import McpHub
 from pydantic import BaseModel
 
 from marketplace.catalog import spawn_catalog
+from marketplace.mcp import McpHub
 from marketplace.skills import skills_prompt
 from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
