@@ -93,10 +93,15 @@ def _content_hash(root: Path, files: list[Path]) -> str:
 
 def _copy_files(src: Path, dest: Path, files: list[Path]) -> None:
     """Copy the checked regular files; only the owner's execute bit survives (no setuid, no
-    group or world write): scripts stay runnable, nothing else of the source's modes."""
+    group or world write): scripts stay runnable, nothing else of the source's modes. Folders
+    are 0755 whatever the umask, so a sandboxed script's user may read its bundle."""
+    os.chmod(dest, 0o755)  # a staging folder is made 0700; the sandbox's user reads the copy
     for rel in files:
         target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
+        for folder in reversed(target.relative_to(dest).parents[:-1]):
+            if not (dest / folder).is_dir():
+                (dest / folder).mkdir()
+                os.chmod(dest / folder, 0o755)
         origin = src / rel
         shutil.copyfile(origin, target, follow_symlinks=True)
         executable = os.stat(origin).st_mode & stat.S_IXUSR

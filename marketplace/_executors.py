@@ -209,7 +209,19 @@ def _run_script(
         argv.append(found)
     if not ex.script.is_file():
         return ToolResult(f"{name}: script {ex.script} is gone from the bundle", is_error=True)
-    argv += [str(ex.script), *(_fill(arg, values) for arg in ex.args)]
+    sandbox = context.sandbox
+    script = str(ex.script)
+    if sandbox is not None:
+        # The worker's sandbox (bubblewrap, as for the diagnostics): the script's folder is all
+        # it sees of the bundle, read-only, and nothing of the worker's own.
+        relative = os.path.relpath(os.path.realpath(ex.script), os.path.realpath(ex.cwd))
+        script = f"{sandbox.bundle_dir}/{relative}"
+    argv += [script, *(_fill(arg, values) for arg in ex.args)]
+    if sandbox is not None:
+        try:
+            argv = sandbox.confine(argv, workdir=str(ex.cwd))
+        except RuntimeError as exc:
+            return ToolResult(f"{name}: not run: {exc}", is_error=True)
     with tempfile.TemporaryDirectory(prefix="ongrid-skill-", ignore_cleanup_errors=True) as home:
         try:
             proc = subprocess.Popen(

@@ -49,7 +49,7 @@ from pydantic import BaseModel
 
 from marketplace.catalog import spawn_catalog
 from marketplace.mcp import McpHub
-from marketplace.skills import skills_prompt
+from marketplace.skills import SKILLS_EXTRA, skills_prompt
 from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
 from registry.errors import (
@@ -381,7 +381,7 @@ class WorkerRuntime:
                 sandbox=self.sandbox,
                 context=record.context,
                 stopping=self.draining,
-                extras={"skills": skills},
+                extras={SKILLS_EXTRA: skills},
             ),
             run_tool=self._run_tool,
             stream=self._streaming(record.session_id),

@@ -40,12 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-__all__ = ["HOST_MOUNTINFO", "SAFE_PATH", "Completed", "Sandbox", "run_argv"]
+__all__ = ["BUNDLE_DIR", "HOST_MOUNTINFO", "SAFE_PATH", "Completed", "Sandbox", "run_argv"]
 
 #: The only PATH a command gets, in the sandbox and out: system directories, never the worker's.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: Where the host's mount table appears inside the sandbox.
 HOST_MOUNTINFO = "/tmp/.host/mountinfo"
+#: Where :meth:`Sandbox.confine` shows a bundle's folder (a skill's scripts run from there).
+BUNDLE_DIR = "/tmp/bundle"
 #: Paths hidden on every host, besides the worker's own (they hold mounted secrets by convention).
 ALWAYS_HIDDEN = ("/run/secrets", "/var/run/secrets", "/etc/ongrid")
 STDOUT_LIMIT = 16 * 1024
@@ -152,6 +154,9 @@ class Sandbox:
     ``show`` are paths under them that commands must still read (the repository root).
     ``tools_path`` is where ``bwrap``, ``setpriv`` and ``prlimit`` are looked for.
     """
+
+    #: Where :meth:`confine` shows the bundle folder it is given.
+    bundle_dir = BUNDLE_DIR
 
     def __init__(
         self,
@@ -274,6 +279,25 @@ class Sandbox:
             os.close(mountinfo)
         return Completed(tuple(argv), done.exit_code, done.stdout, done.stderr)
 
+    def confine(self, argv: Sequence[str], *, workdir: str) -> list[str]:
+        """The command line that runs ``argv`` confined as :meth:`run` does, with ``workdir``
+        (a bundle's folder) bound read-only at :data:`BUNDLE_DIR` and its working directory
+        there, for a caller that starts and supervises the process itself. Paths of ``argv``
+        under ``workdir`` must already be written as under :data:`BUNDLE_DIR`.
+
+        bwrap binds ``workdir`` before it drops privileges, so the folders above it need not be
+        readable by the sandbox's user; the files in it must be. :class:`RuntimeError` when
+        the sandbox is unavailable: nothing then runs unconfined."""
+        why = self.unavailable()
+        if why is not None:
+            raise RuntimeError(f"no sandbox: {why}")
+        switch = self._switch_user()
+        assert self._bwrap is not None and self._prlimit is not None
+        limits = [self._prlimit, "--fsize=0", "--core=0", "--"]
+        bind = ["--ro-bind", os.path.realpath(workdir), BUNDLE_DIR]
+        args = self._arguments(None, binds=bind, chdir=BUNDLE_DIR, env={"HOME": "/tmp"})
+        return [self._bwrap, *self._namespaces(bool(switch)), *args, "--", *switch, *limits, *argv]
+
     @staticmethod
     def _namespaces(as_root: bool) -> list[str]:
         common = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -283,24 +307,35 @@ class Sandbox:
         keep = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
         return [*common, "--cap-drop", "ALL", *(w for c in keep for w in ("--cap-add", c))]
 
-    def _arguments(self, mountinfo_fd: int) -> list[str]:
+    def _arguments(
+        self,
+        mountinfo_fd: int | None,
+        *,
+        binds: Sequence[str] = (),
+        chdir: str = "/",
+        env: dict[str, str] | None = None,
+    ) -> list[str]:
+        """bwrap's arguments; ``binds`` are mounted in the sandbox's ``/tmp`` before it is made
+        read-only."""
         args = [
             "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/",
             "--proc", "/proc",
             "--dev", "/dev",
             "--tmpfs", "/tmp",
-            "--dir", os.path.dirname(HOST_MOUNTINFO),
-            "--file", str(mountinfo_fd), HOST_MOUNTINFO,
+            *binds,
         ]  # fmt: skip
+        if mountinfo_fd is not None:
+            args += ["--dir", os.path.dirname(HOST_MOUNTINFO)]
+            args += ["--file", str(mountinfo_fd), HOST_MOUNTINFO]
         masks, remount = _masks(self.hide, self.show)
         args += masks
         for path in ["/tmp", *remount]:  # tmpfs mounts are writable until remounted
             args += ["--remount-ro", path]
-        args += ["--clearenv", "--chdir", "/"]
-        for key, value_ in child_env().items():
+        args += ["--clearenv"]
+        for key, value_ in {**child_env(), **(env or {})}.items():
             args += ["--setenv", key, value_]
-        return args
+        return [*args, "--chdir", chdir]
 
 
 def _under(path: str, parent: str) -> bool:
