@@ -63,6 +63,92 @@ class PluginIn(BaseModel):
     mcp: bool = Field(default=True, description="Start the plugin's MCP servers on the workers.")
 
 
+class _Out(BaseModel):
+    # Views carry a few more keys than documented here (e.g. the install record's entry); they
+    # are left out of the response rather than refused.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ProblemOut(_Out):
+    plugin: str
+    reason: str
+
+
+class MarketplaceOut(_Out):
+    """A marketplace added, as the database records it and as it reads now."""
+
+    name: str
+    source: str = Field(description="What was given: a directory or a git repository.")
+    kind: str = Field(description="`directory` (read in place) or `git` (cloned).")
+    location: str = Field(description="Where it is read from.")
+    ref: str = Field(description="The clone's commit, or `sha256:` of marketplace.json.")
+    added_by: str = ""
+    added_at: str | None = None
+    owner: dict[str, Any] = Field(default_factory=dict)
+    description: str = ""
+    plugins: int | None = Field(default=None, description="How many plugins it lists.")
+    problems: list[ProblemOut] = Field(
+        default_factory=list, description="Entries left out, and why (e.g. a `..` in a source)."
+    )
+    error: str | None = Field(default=None, description="Why it cannot be read now, if so.")
+
+
+class OfferedPluginOut(_Out):
+    """A plugin a marketplace lists."""
+
+    name: str
+    marketplace: str
+    description: str = ""
+    version: str = ""
+    category: str = ""
+    source: str = ""
+    reachable: bool
+    unreachable_reason: str | None = Field(
+        default=None, description="Why it cannot be installed (a remote source without network…)."
+    )
+    installed: str | None = Field(
+        default=None, description="The installed version, when installed from this marketplace."
+    )
+
+
+class InstalledPluginOut(_Out):
+    """An installed plugin: where it came from and what it brought."""
+
+    name: str
+    marketplace: str
+    version: str
+    source: str
+    ref: str
+    content_hash: str = Field(description="SHA-256 of the files copied.")
+    path: str = Field(description="The installed directory.")
+    allowed_mode: PermissionMode
+    mcp: bool
+    installed_by: str = ""
+    installed_at: str | None = None
+    agents: list[str] = Field(default_factory=list, description="`<plugin>:<agent>` names.")
+    skills: list[str] = Field(default_factory=list, description="`<plugin>:<skill>` names.")
+    tools: list[str] = Field(default_factory=list, description="Tools of its skill manifests.")
+    mcp_servers: list[str] = Field(default_factory=list)
+    unused: list[str] = Field(
+        default_factory=list, description="Parts kept but never run (commands, hooks…)."
+    )
+    warnings: list[str] = Field(default_factory=list)
+    error: str | None = Field(default=None, description="Why its copy cannot be read, if so.")
+
+
+class InstallOut(InstalledPluginOut):
+    changed: bool = Field(description="False when the same content was installed already.")
+    registry_version: int = Field(description="The reload broadcast (0 when nothing changed).")
+
+
+class UpdateOut(_Out):
+    name: str
+    updated: bool
+    version: str | None = None
+    content_hash: str | None = None
+    error: str | None = None
+
+
 def _conflicts(call: Any) -> Any:
     try:
         return call()
@@ -70,13 +156,13 @@ def _conflicts(call: Any) -> Any:
         raise Conflict(str(exc)) from None
 
 
-@router.get("/api/v1/marketplaces")
+@router.get("/api/v1/marketplaces", response_model=list[MarketplaceOut])
 def list_marketplaces(_who: Admin, svc: Svc) -> list[dict[str, Any]]:
     """The marketplaces added, with their plugin count and the entries that cannot be read."""
     return svc.plugins.marketplaces()
 
 
-@router.post("/api/v1/marketplaces", status_code=201)
+@router.post("/api/v1/marketplaces", status_code=201, response_model=MarketplaceOut)
 def add_marketplace(body: MarketplaceIn, who: Admin, svc: Svc) -> dict[str, Any]:
     """Add a marketplace, or read an added one again (a git one is cloned again); 409 when
     the name is taken by a marketplace of another source."""
@@ -92,19 +178,19 @@ def remove_marketplace(name: str, _who: Admin, svc: Svc) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/api/v1/marketplaces/{name}/plugins")
+@router.get("/api/v1/marketplaces/{name}/plugins", response_model=list[OfferedPluginOut])
 def marketplace_plugins(name: str, _who: Admin, svc: Svc) -> list[dict[str, Any]]:
     """Every plugin of the marketplace: reachable (or why not) and whether it is installed."""
     return svc.plugins.available(name)
 
 
-@router.get("/api/v1/plugins")
+@router.get("/api/v1/plugins", response_model=list[InstalledPluginOut])
 def list_plugins(_who: Admin, svc: Svc) -> list[dict[str, Any]]:
     """The installed plugins: where each came from and what it brought."""
     return svc.plugins.installed()
 
 
-@router.post("/api/v1/plugins", status_code=201)
+@router.post("/api/v1/plugins", status_code=201, response_model=InstallOut)
 def install_plugin(body: PluginIn, who: Admin, svc: Svc, response: Response) -> dict[str, Any]:
     """Install (or re-install: an update) a plugin; 200 when nothing changed."""
     outcome = _conflicts(
@@ -118,7 +204,7 @@ def install_plugin(body: PluginIn, who: Admin, svc: Svc, response: Response) -> 
     return dict(outcome.as_dict())
 
 
-@router.post("/api/v1/plugins/update")
+@router.post("/api/v1/plugins/update", response_model=list[UpdateOut])
 def update_plugins(who: Admin, svc: Svc) -> list[dict[str, Any]]:
     """Install every plugin again from its marketplace, keeping its options."""
     results = svc.plugins.update(user=who.user)
@@ -126,7 +212,7 @@ def update_plugins(who: Admin, svc: Svc) -> list[dict[str, Any]]:
     return results
 
 
-@router.post("/api/v1/plugins/{name}/update")
+@router.post("/api/v1/plugins/{name}/update", response_model=list[UpdateOut])
 def update_plugin(name: str, who: Admin, svc: Svc) -> list[dict[str, Any]]:
     """Install one plugin again from its marketplace."""
     results = svc.plugins.update(name, user=who.user)

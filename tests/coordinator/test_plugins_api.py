@@ -264,7 +264,7 @@ def test_the_installed_plugins_show_their_agents_and_skills(
     assert plugin["name"] == "ops" and plugin["marketplace"] == "team"
     assert plugin["agents"] == ["ops:x"] and plugin["skills"] == ["ops:s"]
     assert plugin["tools"] == ["restart_unit_skill"] and plugin["version"] == "1.2"
-    assert plugin["content_hash"] == installed["content_hash"] and "error" not in plugin
+    assert plugin["content_hash"] == installed["content_hash"] and plugin["error"] is None
 
 
 def test_an_install_request_is_checked(client: TestClient, market: Path) -> None:
@@ -382,6 +382,7 @@ def test_update_reports_per_plugin_whether_it_changed(
             "updated": False,
             "version": "1.2",
             "content_hash": installed["content_hash"],
+            "error": None,
         }
     ]
     write_agent(market / "plugins" / "ops", "x", "You are the new x.")

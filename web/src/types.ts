@@ -301,7 +301,7 @@ export interface Marketplace {
   description?: string | null;
   plugins?: number;
   problems?: MarketplaceProblem[];
-  error?: string;
+  error?: string | null;
 }
 
 /** One plugin a marketplace lists (an entry it could not read has only the name and reason). */
@@ -338,7 +338,7 @@ export interface InstalledPlugin {
   unused?: string[];
   warnings?: string[];
   /** Set when the installed copy cannot be read (the record is still there). */
-  error?: string;
+  error?: string | null;
 }
 
 export interface InstallOutcome extends InstalledPlugin {
@@ -346,6 +346,11 @@ export interface InstallOutcome extends InstalledPlugin {
   registry_version: number;
 }
 
-export type UpdateResult =
-  | { name: string; updated: boolean; version: string; content_hash: string }
-  | { name: string; updated: false; error: string };
+/** One plugin of `POST /api/v1/plugins/{name}/update`: `error` is set when it failed. */
+export type UpdateResult = {
+  name: string;
+  updated: boolean;
+  version: string | null;
+  content_hash: string | null;
+  error: string | null;
+};

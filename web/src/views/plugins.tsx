@@ -720,11 +720,11 @@ function InstalledCard({
       const results = await api.post<UpdateResult[]>(path, undefined, SLOW_MS);
       const result = results.find((r) => r.name === plugin.name) ?? results[0];
       if (!result) throw new Error(`the server reported no update of ${plugin.name}`);
-      if ("error" in result) {
+      if (result.error) {
         setError(`Not updated: ${result.error}`);
         return;
       }
-      const content = `content ${short(result.content_hash)}`;
+      const content = `content ${short(result.content_hash ?? "")}`;
       await onChanged(
         result.updated
           ? `Updated ${plugin.name}: version ${result.version || "(none)"}, ${content}.`
