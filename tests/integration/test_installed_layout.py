@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 ONGRID = Path(sys.executable).with_name("ongrid")
 SHIPPED = sorted(p.name for p in (REPO / "agents").glob("*.md"))
 #: The folders of the importable packages, whose every file a wheel must carry.
-PACKAGE_FOLDERS = ("registry", "workers", "coordinator")
+PACKAGE_FOLDERS = ("registry", "workers", "coordinator", "marketplace")
 #: A liveness bound only: a build or a CLI start on a loaded 2-core machine takes seconds.
 DEADLINE = 180.0
 PIP = (sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet")
@@ -160,6 +160,17 @@ def test_the_wheel_holds_every_package_file_and_the_shipped_personas(installed: 
         "[tool.setuptools] packages and data files under package-data in pyproject.toml"
     )
     assert not any(n.startswith(("agents/", "tests/")) for n in names)
+
+
+def test_the_image_copies_every_package_folder() -> None:
+    """The Dockerfile builds the image from copies of the package folders: a folder it leaves
+    out is an image whose every process fails at its first import."""
+    copied = {
+        line.split()[1]
+        for line in (REPO / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ") and len(line.split()) == 3
+    }
+    assert set(PACKAGE_FOLDERS) | {"agents"} <= copied
 
 
 def test_the_wheel_carries_the_built_console(installed: Installed) -> None:
