@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import redis
 from kombu.transport.redis import PRIORITY_STEPS, Channel
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -29,6 +29,7 @@ from workers.celery_app import QUEUES
 from workers.messages import Event, Usage
 
 __all__ = [
+    "McpServerCollector",
     "QueueDepthCollector",
     "ToolOutcome",
     "event_published",
@@ -41,6 +42,7 @@ __all__ = [
     "spawn_started",
     "tool_call",
     "turn_done",
+    "watch_mcp",
 ]
 
 log = logging.getLogger(__name__)
@@ -249,6 +251,52 @@ class QueueDepthCollector(Collector):
             queue: sum(counts[i * per_queue : (i + 1) * per_queue])
             for i, queue in enumerate(self.queues)
         }
+
+
+class McpServerCollector(Collector):
+    """``ongrid_mcp_server_up{server}`` (1 up, 0 starting or down), ``ongrid_mcp_server_restarts``
+    and ``ongrid_mcp_server_tools`` of this worker's MCP servers, read from its hub at scrape
+    time (``hub()`` gives the hub, or ``None`` while the worker runs none)."""
+
+    def __init__(self, hub: Callable[[], Any]) -> None:
+        self.hub = hub
+
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        hub = self.hub()
+        up, restarts, tools = self._families()
+        for key, status in (hub.status() if hub is not None else {}).items():
+            up.add_metric([key], 1 if status.get("state") == "up" else 0)
+            restarts.add_metric([key], status.get("restarts") or 0)
+            tools.add_metric([key], len(status.get("tools") or ()))
+        yield from (up, restarts, tools)
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily(
+                "ongrid_mcp_server_up", "1 when the MCP server answers.", labels=["server"]
+            ),
+            GaugeMetricFamily(
+                "ongrid_mcp_server_restarts", "Restarts since it was started.", labels=["server"]
+            ),
+            GaugeMetricFamily("ongrid_mcp_server_tools", "Tools it listed.", labels=["server"]),
+        )
+
+
+_mcp_collector: McpServerCollector | None = None
+
+
+def watch_mcp(hub: Callable[[], Any]) -> None:
+    """Report the MCP servers of ``hub()`` (this process's) on the default registry; the last
+    call wins, so a process that builds its runtime again reports the new one."""
+    global _mcp_collector
+    if _mcp_collector is None:
+        _mcp_collector = McpServerCollector(hub)
+        REGISTRY.register(_mcp_collector)
+    _mcp_collector.hub = hub
 
 
 _DEPTH_HELP = "Messages waiting in each Celery queue of the runtime (read at scrape time)."

@@ -174,6 +174,7 @@ class WorkerRuntime:
         self.mcp: McpHub | None = None
         self.follower.on_reload = self._sync_mcp
         self._sync_mcp(self.registry.snapshot(), wait=True)
+        metrics.watch_mcp(lambda: self.mcp)
         self.lease_ms = int(settings.lease_seconds * 1000)
         self.time_limit = float(settings.spawn_time_limit_seconds)
         self._special: dict[str, Callable[[Snapshot], Persona]] = {}

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import psutil
-import pytest
 from bundles import (
     agent_file,
     installed_tree,
@@ -27,6 +28,7 @@ from bundles import (
     skill_dir,
 )
 from harness import MODEL, RELOAD_LINE, Cluster, Worker, call, final, wait_for
+from procs import free_port
 
 #: A ticket server written with the SDK: a read tool, a write tool (no hints), and a switch (the
 #: file named by TICKETS_DOWN) that makes it refuse to start, so a test can hold it down.
@@ -89,6 +91,14 @@ def _reloaded(cluster: Cluster, worker: Worker) -> None:
     cluster.client.registry.reload()
 
 
+def _mcp_up(port: int) -> dict[str, float]:
+    """``ongrid_mcp_server_up`` by server, from the worker's metrics endpoint."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = re.findall(r'^ongrid_mcp_server_up\{server="([^"]+)"\} (\S+)$', text, re.M)
+    return {server: float(value) for server, value in found}
+
+
 def _server_pids(worker: Worker, marker: str) -> list[int]:
     children = psutil.Process(worker.pid).children(recursive=True)
     return [c.pid for c in children if any(marker in part for part in c.cmdline())]
@@ -121,7 +131,10 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     source = tmp_path / "market"
     _timekit(source, down)
     marketplace(source, "local", [{"name": "timekit", "source": "./plugins/timekit"}])
-    worker = cluster.start_worker(env={"ONGRID_DEFAULT_MODEL": MODEL})
+    port = free_port()
+    worker = cluster.start_worker(
+        env={"ONGRID_DEFAULT_MODEL": MODEL, "ONGRID_METRICS_PORT": str(port)}
+    )
 
     ongrid(cluster, "plugins", "marketplace", "add", str(source))
     installed = ongrid_json(
@@ -129,6 +142,11 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     )
     assert sorted(installed["mcp_servers"]) == ["timekit_tickets", "timekit_time"]
     _reloaded(cluster, worker)
+    wait_for(
+        lambda: _mcp_up(port) == {"timekit_tickets": 1.0, "timekit_time": 1.0},
+        60,
+        "both MCP servers up in the worker's metrics",
+    )
 
     prompt = "What time is it, and open a ticket about it."
     time_tool = "mcp__timekit_time__get_current_time"
@@ -171,6 +189,7 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     assert done.status == "ok", done.error
     (result,) = _tool_results(cluster, outage)
     assert "MCP server timekit_tickets is not running" in result, result
+    assert _mcp_up(port)["timekit_tickets"] == 0.0
     assert "held down by the test" in worker.log() or "restart" in result
 
     # Let it start again: the hub restarts it (with backoff) and calls work again.
@@ -256,7 +275,6 @@ def test_a_skill_manifest_script_is_a_tool_and_bad_manifests_are_refused(
 def test_hostile_bundles_are_refused_and_leave_nothing_installed(cluster: Cluster, tmp_path):
     source = tmp_path / "market"
     plugins = source / "plugins"
-    good_agent = {"name": "ok", "description": "An agent."}
 
     traversal = plugins / "climber"
     plugin_manifest(traversal, "climber", agents="../../../../etc")
@@ -277,7 +295,6 @@ def test_hostile_bundles_are_refused_and_leave_nothing_installed(cluster: Cluste
             {"name": "huge", "source": "./plugins/huge"},
         ],
     )
-    assert good_agent  # the agents themselves are valid: only the bundles are hostile
     ongrid(cluster, "plugins", "marketplace", "add", str(source))
     listed = {r["name"]: r for r in ongrid_json(cluster, "plugins", "available")}
     assert not listed["escaper"]["reachable"] and ".." in listed["escaper"]["unreachable_reason"]
@@ -303,10 +320,3 @@ def test_hostile_bundles_are_refused_and_leave_nothing_installed(cluster: Cluste
     assert [m["name"] for m in ongrid_json(cluster, "plugins", "marketplace", "list")] == [
         "hostile"
     ]
-
-
-@pytest.fixture(autouse=True)
-def _no_stray_servers():
-    """No MCP server a test's worker started outlives the test (the cluster kills the
-    worker's process group, which holds them)."""
-    yield

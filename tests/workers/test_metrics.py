@@ -185,3 +185,30 @@ def test_a_port_in_use_is_refused_naming_the_port_and_the_setting():
     message = str(refused.value)
     assert f"127.0.0.1:{port}" in message
     assert "ONGRID_METRICS_PORT" in message and "metrics_port" in message
+
+
+class _Hub:
+    def __init__(self, status: dict) -> None:
+        self._status = status
+
+    def status(self) -> dict:
+        return self._status
+
+
+def test_mcp_servers_are_reported_from_the_hub_at_scrape_time():
+    registry = CollectorRegistry()
+    hub: list[_Hub | None] = [None]
+    registry.register(metrics.McpServerCollector(lambda: hub[0]))
+    assert "ongrid_mcp_server_up{" not in generate_latest(registry).decode()
+
+    hub[0] = _Hub(
+        {
+            "p_time": {"state": "up", "restarts": 0, "tools": ["a", "b"]},
+            "p_tickets": {"state": "down", "restarts": 3, "tools": ["c"]},
+        }
+    )
+    text = generate_latest(registry).decode()
+    assert 'ongrid_mcp_server_up{server="p_time"} 1.0' in text
+    assert 'ongrid_mcp_server_up{server="p_tickets"} 0.0' in text
+    assert 'ongrid_mcp_server_restarts{server="p_tickets"} 3.0' in text
+    assert 'ongrid_mcp_server_tools{server="p_time"} 2.0' in text
