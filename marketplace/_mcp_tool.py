@@ -44,7 +44,7 @@ class _McpArguments(BaseModel):
 class McpTool(BaseTool):
     """One tool of an MCP server, as the catalog and the bag policy see it.
 
-    The class comes from the tool's annotations, as the issue specifies: ``readOnlyHint`` true
+    The class comes from the tool's annotations, as the README documents: ``readOnlyHint`` true
     is read, ``destructiveHint`` true is destructive, anything else is write. (MCP itself
     defaults ``destructiveHint`` to true for a tool that is not read-only; only an explicit
     hint makes a tool destructive here, so unannotated tools stop for approval as writes.)

@@ -28,8 +28,8 @@ with its own partial answer, which the coordinator then has.
 **Reaching a limit** raises :class:`BudgetReached` out of the loop. The runtime then makes one
 last model call, without tools: the conversation so far (calls that did not run are answered
 "not run"), then a message asking for what was found, what is unfinished, and why
-(:func:`partial_answer`). Its text is the spawn's result and the spawn ends ``ok``: the issue
-asks for a spawn that "stops with its best partial answer", and it has one. Its
+(:func:`partial_answer`). Its text is the spawn's result and the spawn ends ``ok``: a spawn
+that reaches a limit stops with its best partial answer. Its
 ``task_notification`` says which limit stopped it (``budget_reached``) and its message says
 so before the answer. That last call is spent beyond the limit (it is counted). If it fails
 the spawn ends ``failed``, the error naming the limit and why the answer could not be written.

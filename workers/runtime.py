@@ -49,6 +49,7 @@ from pydantic import BaseModel
 
 from marketplace.catalog import spawn_catalog
 from marketplace.mcp import McpHub
+from marketplace.mcp_catalog import McpToolPublisher
 from marketplace.skills import SKILLS_EXTRA, skills_prompt
 from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
@@ -172,6 +173,7 @@ class WorkerRuntime:
         #: The MCP servers of the installed plugins and the config file (started on the first
         #: snapshot that names one), kept in step with every reload.
         self.mcp: McpHub | None = None
+        self._mcp_published = McpToolPublisher(self.redis)
         self.follower.on_reload = self._sync_mcp
         self._sync_mcp(self.registry.snapshot(), wait=True)
         metrics.watch_mcp(lambda: self.mcp)
@@ -245,15 +247,25 @@ class WorkerRuntime:
             return
         if self.mcp is None:
             self.mcp = McpHub()
-        self.mcp.reconcile(servers, wait=None if wait else 0)
+        hub = self.mcp
+        hub.reconcile(servers, wait=None if wait else 0)
+
+        def report() -> None:  # for the API, once the new servers listed their tools
+            hub.wait_started()
+            self._mcp_published.publish(hub.tools())
+
+        threading.Thread(target=report, name="mcp-report", daemon=True).start()
 
     def catalog_for(self, snapshot: Snapshot) -> ToolCatalog:
         """The tools a spawn may be given: the code tools, plus the skill, manifest and MCP
         tools of ``snapshot``'s bundles."""
         hub = self.mcp
-        if hub is not None:
-            hub.wait_started()  # bounded: a server still starting after it is left out
-        return spawn_catalog(self.catalog, snapshot.bundle, hub.tools() if hub else ())
+        if hub is None:
+            return spawn_catalog(self.catalog, snapshot.bundle)
+        hub.wait_started()  # bounded: a server still starting after it is left out
+        tools = hub.tools()
+        self._mcp_published.publish(tools)  # for the API, which runs no MCP server
+        return spawn_catalog(self.catalog, snapshot.bundle, tools)
 
     # -- the spawn task ------------------------------------------------------------------------
 

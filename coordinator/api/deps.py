@@ -24,6 +24,7 @@ from coordinator.storage.chats import ChatSession, ChatStore
 from coordinator.storage.engine import Database
 from coordinator.storage.personas import GuardedUserStore
 from marketplace.catalog import spawn_catalog
+from marketplace.mcp_catalog import described_mcp_tools
 from registry.agent_registry import AgentRegistry, Snapshot
 from registry.errors import NotFoundError
 from registry.settings import Settings
@@ -76,10 +77,12 @@ class Services:
         return self.registry.snapshot()
 
     def catalog_for(self, snapshot: Snapshot) -> ToolCatalog:
-        """The tools a spawn could be given under ``snapshot``: the code tools plus the skill
-        and manifest tools of its bundles. MCP tools are known only to the workers, which run
-        the servers."""
-        return spawn_catalog(self.catalog, snapshot.bundle)
+        """The tools a spawn could be given under ``snapshot``: the code tools, the skill and
+        manifest tools of its bundles, and the tools the workers reported for its MCP servers
+        (described only: the API runs no MCP server)."""
+        servers = getattr(snapshot.bundle, "mcp_servers", None) or {}
+        mcp = described_mcp_tools(self.probe, servers)
+        return spawn_catalog(self.catalog, snapshot.bundle, mcp)
 
     def close(self) -> None:
         self.audit_follower.stop()

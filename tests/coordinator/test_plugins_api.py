@@ -14,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import yaml
 from fastapi.testclient import TestClient
+from pydantic import BaseModel
 
 from coordinator.api import create_app
+from marketplace.mcp_catalog import McpToolPublisher
 from registry.persona import PLUGIN_NAME_RESERVED
 from registry.settings import Settings, TokenGrant, token_digest
+from registry.tools import BaseTool, ToolClass
 
 #: alice administers, dave operates (approves), bob views.
 TOKENS = {
@@ -393,3 +397,64 @@ def test_update_reports_per_plugin_whether_it_changed(
     assert everything["name"] == "ops" and everything["updated"] is False
     unknown = client.post("/api/v1/plugins/nope/update")
     assert unknown.status_code == 404 and error_of(unknown)["details"]["choices"] == ["ops"]
+
+
+class _NoArguments(BaseModel):
+    pass
+
+
+class _ReportedTool(BaseTool):
+    """A tool as a worker's MCP hub holds it: with the key of its server."""
+
+    args_model = _NoArguments
+
+    def __init__(self, server: str, name: str, tool_class: ToolClass) -> None:
+        self.server_key = server
+        self.name = f"mcp__{server}__{name}"
+        self.description = f"The {name} tool."
+        self.tool_class = tool_class
+
+    def run(self, arguments: BaseModel, context: Any) -> Any:
+        raise AssertionError("the API never runs an MCP tool")
+
+
+def test_the_api_lists_the_mcp_tools_the_workers_reported(
+    client: TestClient, tmp_path: Path, redis_url: str
+) -> None:
+    root = tmp_path / "mcp-market"
+    plugin = root / "plugins" / "mcpkit"
+    write_agent(plugin, "pager", "You page people.")
+    servers = {"mcpServers": {"tickets": {"command": "/bin/false"}}}
+    write(plugin / ".mcp.json", json.dumps(servers))
+    listing = {
+        "name": "mcp",
+        "owner": {},
+        "plugins": [{"name": "mcpkit", "source": "./plugins/mcpkit"}],
+    }
+    write(root / ".claude-plugin" / "marketplace.json", json.dumps(listing))
+    assert client.post("/api/v1/marketplaces", json={"source": str(root)}).status_code == 201
+    assert client.post("/api/v1/plugins", json={"plugin": "mcpkit@mcp"}).status_code == 201
+
+    def listed() -> dict[str, str]:
+        tools = client.get("/api/v1/skills").json()["tools"]
+        return {t["name"]: t["class"] for t in tools if t["name"].startswith("mcp__")}
+
+    assert listed() == {}  # no worker has reported the server's tools yet
+    server = redis.Redis.from_url(redis_url)
+    try:
+        McpToolPublisher(server).publish(
+            [
+                _ReportedTool("mcpkit_tickets", "count", ToolClass.READ),
+                _ReportedTool("mcpkit_tickets", "open", ToolClass.WRITE),
+                _ReportedTool("elsewhere_gone", "stale", ToolClass.READ),
+            ]
+        )
+        assert listed() == {
+            "mcp__mcpkit_tickets__count": "read",
+            "mcp__mcpkit_tickets__open": "write",
+        }  # a server no installed plugin declares is not listed
+        assert client.delete("/api/v1/plugins/mcpkit").status_code == 204
+        assert listed() == {}
+    finally:
+        server.delete("ongrid:mcp:tools:mcpkit_tickets", "ongrid:mcp:tools:elsewhere_gone")
+        server.close()

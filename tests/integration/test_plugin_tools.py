@@ -30,6 +30,8 @@ from bundles import (
 from harness import MODEL, RELOAD_LINE, Cluster, Worker, call, final, wait_for
 from procs import free_port
 
+from marketplace.mcp_catalog import described_mcp_tools
+
 #: A ticket server written with the SDK: a read tool, a write tool (no hints), and a switch (the
 #: file named by TICKETS_DOWN) that makes it refuse to start, so a test can hold it down.
 TICKET_SERVER = textwrap.dedent(
@@ -169,6 +171,11 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     assert asked.name == "mcp__timekit_tickets__open_ticket"
     (clock,) = _tool_results(cluster, prompt)
     assert '"timezone": "UTC"' in clock and "datetime" in clock
+    # What the worker reported for the API, which runs no MCP server.
+    reported = described_mcp_tools(cluster.redis, ["timekit_time", "timekit_tickets"])
+    assert {t.name: t.tool_class.value for t in reported if t.name in bag} == {
+        name: tool_class for name, (tool_class, _) in bag.items() if name.startswith("mcp__")
+    }
 
     cluster.client.decide(record.spawn_id, asked.call_id, "alice", True, asked.args_hash)
     done = cluster.client.wait(record.spawn_id, timeout=90)
