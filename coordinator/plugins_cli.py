@@ -23,9 +23,11 @@ __all__ = ["plugins"]
 _out = Console(highlight=False, soft_wrap=True)
 
 
-def _manager() -> Any:
+def _manager(*, read_only: bool = False) -> Any:
+    """The plugin manager of this host's settings. ``read_only`` (the listing commands): no
+    database file or schema is created, and ``None`` when there is no database yet."""
     from coordinator.plugin_manager import PluginManager
-    from coordinator.storage.engine import Database, database_url, make_engine
+    from coordinator.storage.engine import Database, database_url, make_engine, open_read_only
     from coordinator.storage.plugins import PluginStore
     from workers.client import SpawnClient
 
@@ -33,28 +35,52 @@ def _manager() -> Any:
         settings = Settings.load()
     except OngridError as exc:
         raise click.ClickException(str(exc)) from None
-    database = Database(make_engine(database_url(settings)))
-    try:
-        database.ensure()
-    except OngridError as exc:
-        raise click.ClickException(str(exc)) from None
+    if read_only:
+        engine = open_read_only(settings)
+        if engine is None:
+            return None
+    else:
+        database = Database(make_engine(database_url(settings)))
+        try:
+            database.ensure()
+        except OngridError as exc:
+            raise click.ClickException(str(exc)) from None
+        engine = database.engine
 
     def broadcast() -> int:
         return SpawnClient(settings).reload()
 
     return PluginManager(
         settings.marketplace_root,
-        PluginStore(database.engine),
+        PluginStore(engine),
         broadcast=broadcast,
         allow_network=settings.plugins_allow_network,
     )
 
 
 def _run(call: Any) -> Any:
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
         return call()
     except OngridError as exc:
         raise click.ClickException(str(exc)) from None
+    except SQLAlchemyError as exc:
+        reason = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or ["?"])[0]
+        raise click.ClickException(
+            f"the database cannot be read: {reason} (an older schema is migrated by `ongrid "
+            "api`, or by any `ongrid plugins` command that changes something)"
+        ) from None
+
+
+def _listed(method: str, *args: Any) -> Any:
+    """What a listing method of the manager returns; nothing when there is no database yet."""
+
+    def call() -> Any:
+        manager = _manager(read_only=True)
+        return [] if manager is None else getattr(manager, method)(*args)
+
+    return _run(call)
 
 
 def _emit(data: Any) -> None:
@@ -92,7 +118,7 @@ def marketplace_add(source: str, name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def marketplace_list(as_json: bool) -> None:
     """The marketplaces added."""
-    views = _run(lambda: _manager().marketplaces())
+    views = _listed("marketplaces")
     if as_json:
         _emit(views)
         return
@@ -123,7 +149,7 @@ def marketplace_remove(name: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def available(marketplace_name: str, as_json: bool) -> None:
     """Every plugin the marketplaces offer, and why one cannot be installed."""
-    rows = _run(lambda: _manager().available(marketplace_name))
+    rows = _listed("available", marketplace_name)
     if as_json:
         _emit(rows)
         return
@@ -171,7 +197,7 @@ def install(ref: str, allow_mode: str, no_mcp: bool, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_installed(as_json: bool) -> None:
     """The installed plugins."""
-    views = _run(lambda: _manager().installed())
+    views = _listed("installed")
     if as_json:
         _emit(views)
         return
