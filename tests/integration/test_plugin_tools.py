@@ -327,3 +327,28 @@ def test_hostile_bundles_are_refused_and_leave_nothing_installed(cluster: Cluste
     assert [m["name"] for m in ongrid_json(cluster, "plugins", "marketplace", "list")] == [
         "hostile"
     ]
+
+
+def test_the_config_files_mcp_servers_are_tools_of_every_worker(cluster: Cluster, tmp_path: Path):
+    config = tmp_path / "ongrid.yaml"
+    clock = {
+        "command": sys.executable,
+        "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"],
+    }
+    config.write_text(json.dumps({"mcp_servers": {"clock": clock}}))
+    cluster.persona("timekeeper", tools=["mcp__clock__*"])
+    worker = cluster.start_worker(env={"ONGRID_CONFIG": str(config)})
+
+    prompt = "What time is it in UTC?"
+    cluster.fake.script(
+        [
+            call("mcp__clock__get_current_time", {"timezone": "UTC"}, match=prompt, turn=0),
+            final("It is now.", match=prompt, turn=1),
+        ]
+    )
+    record = cluster.client.spawn("timekeeper", prompt)
+    done = cluster.client.wait(record.spawn_id, timeout=90)
+    assert done.status == "ok", done.error
+    (result,) = _tool_results(cluster, prompt)
+    assert '"timezone": "UTC"' in result, result
+    assert _server_pids(worker, "mcp_server_time")
