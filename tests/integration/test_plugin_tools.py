@@ -217,8 +217,13 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
 
     ongrid(cluster, "plugins", "remove", "timekit")
     _reloaded(cluster, worker)
-    wait_for(lambda: not _server_pids(worker, "tickets.py"), 30, "the removed servers to stop")
-    assert not _server_pids(worker, "mcp_server_time")
+    wait_for(
+        lambda: (
+            not _server_pids(worker, "tickets.py") and not _server_pids(worker, "mcp_server_time")
+        ),
+        30,
+        "both servers of the removed plugin to stop",
+    )
 
 
 def test_a_skill_manifest_script_is_a_tool_and_bad_manifests_are_refused(
