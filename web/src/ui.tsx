@@ -43,6 +43,19 @@ export function Folded({ text, lines = 6, testid }: { text: string; lines?: numb
 }
 
 /** A link to a console route that navigates without reloading the page. */
+/** A long description folded after its first sentence (the summary is that sentence, so the
+ * cell's text is still the whole description). */
+export function Description({ text }: { text: string }) {
+  const end = text.search(/[.!?]\s/);
+  if (end < 0 || text.length < 160) return <>{text}</>;
+  return (
+    <details class="settings-fold">
+      <summary>{text.slice(0, end + 1)}</summary>
+      {text.slice(end + 1)}
+    </details>
+  );
+}
+
 export function Link(props: JSX.HTMLAttributes<HTMLAnchorElement> & { href: string }) {
   const { navigate } = useApp();
   const { href, children, ...rest } = props;

@@ -15,7 +15,7 @@ import type {
   MarketplacePlugin,
   UpdateResult,
 } from "../types";
-import { Badge, ErrorNote, Link, useProgressive } from "../ui";
+import { Badge, Description, ErrorNote, Link, useProgressive } from "../ui";
 import "./settings.css";
 
 const MARKETPLACES = "/api/v1/marketplaces";
@@ -604,18 +604,6 @@ function Install({
         </p>
       )}
     </div>
-  );
-}
-
-/** A long description folded after its first sentence, as on the Skills page. */
-function Description({ text }: { text: string }) {
-  const end = text.search(/[.!?]\s/);
-  if (end < 0 || text.length < 160) return <>{text}</>;
-  return (
-    <details class="settings-fold">
-      <summary>{text.slice(0, end + 1)}</summary>
-      {text.slice(end + 1)}
-    </details>
   );
 }
 

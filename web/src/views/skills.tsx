@@ -2,7 +2,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { useApp } from "../context";
 import type { SkillsOut } from "../types";
-import { Badge, ErrorNote } from "../ui";
+import { Badge, Description, ErrorNote } from "../ui";
 import "./settings.css";
 
 export function SkillsPage() {
@@ -64,18 +64,5 @@ export function SkillsPage() {
         </>
       )}
     </main>
-  );
-}
-
-/** A long description folded after its first sentence (the summary is that sentence, so the
- * cell's text is still the whole description). */
-function Description({ text }: { text: string }) {
-  const end = text.search(/[.!?]\s/);
-  if (end < 0 || text.length < 160) return <>{text}</>;
-  return (
-    <details class="settings-fold">
-      <summary>{text.slice(0, end + 1)}</summary>
-      {text.slice(end + 1)}
-    </details>
   );
 }
