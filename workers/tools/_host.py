@@ -104,8 +104,18 @@ def collect_disks() -> list[dict[str, Any]]:
     mounts = {"/": ("rootfs", "")}
     for part in psutil.disk_partitions(all=False):
         mounts[part.mountpoint] = (part.device, part.fstype)
+    # A bind mount (``ip netns`` makes one of /run/netns, containers many) shows the same
+    # filesystem again: each is reported once, at its shortest mount point.
+    shown: dict[int, str] = {}
+    for mountpoint in sorted(mounts, key=lambda m: (len(m), m)):
+        try:
+            shown.setdefault(os.stat(mountpoint).st_dev, mountpoint)
+        except OSError:
+            continue
     disks = []
     for mountpoint, (device, fstype) in sorted(mounts.items()):
+        if mountpoint not in shown.values():
+            continue
         try:
             disks.append(_filesystem(mountpoint, device, fstype))
         except OSError:  # stale NFS handles, unreadable mounts: skip rather than fail the probe
