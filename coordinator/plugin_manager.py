@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import fcntl
 import hashlib
 import json
 import os
@@ -50,15 +49,14 @@ from marketplace.layer import (
     read_record,
 )
 from marketplace.model import BundleError
+from marketplace.replica import STAGING_DIR, pack, point_current, root_lock
 from marketplace.sources import describe_source, materialize_marketplace, resolve_plugin_source
 from registry.errors import NotFoundError, UserError
 from registry.persona import PermissionMode
 
 __all__ = ["Conflict", "PluginManager", "parse_plugin_ref"]
 
-STAGING_DIR = ".staging"
 MARKETPLACES_DIR = "marketplaces"
-LOCK_FILE = ".lock"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 
 
@@ -152,22 +150,12 @@ class PluginManager:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            handle = (self.root / LOCK_FILE).open("a")
-        except OSError as exc:
-            raise UserError(
-                f"the marketplace root {self.root} is not writable ({exc.strerror}): set "
-                "ONGRID_MARKETPLACE_ROOT (marketplace_root) to a directory this process may write"
-            ) from None
-        with handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
+        with root_lock(self.root):
             try:
                 self._clean_staging()
                 yield
             finally:
                 self._prune()
-                fcntl.flock(handle, fcntl.LOCK_UN)
 
     def _prune(self) -> None:
         """Folders the layout made and nothing uses any more go, so a removal leaves no trace
@@ -464,7 +452,7 @@ class PluginManager:
         if final.exists():  # the same content, installed before with other options
             shutil.rmtree(final)
         os.rename(staged, final)
-        _point(link, final.name)
+        point_current(link, final.name)
         row = InstalledRecord(
             name=plugin,
             marketplace=install.marketplace,
@@ -478,11 +466,12 @@ class PluginManager:
             installed_by=install.installed_by,
         )
         try:
-            stored = self.store.put_plugin(row)
+            # The copy every other host unpacks, in the same transaction as the record.
+            stored = self.store.put_plugin(row, pack(final))
         except Exception:
             # The database did not take the record: put the previous version back.
             if previous is not None and previous.is_dir():
-                _point(link, previous.name)
+                point_current(link, previous.name)
             else:
                 link.unlink(missing_ok=True)
             shutil.rmtree(final, ignore_errors=True)
@@ -557,11 +546,3 @@ def _write_record(directory: Path, record: InstallRecord) -> None:
     (directory / RECORD_FILE).write_text(
         json.dumps(record.as_dict(), indent=2, sort_keys=True), encoding="utf-8"
     )
-
-
-def _point(link: Path, target: str) -> None:
-    """Point ``link`` at ``target`` (a sibling) in one atomic rename."""
-    temporary = link.with_name(f".{link.name}.{os.getpid()}")
-    temporary.unlink(missing_ok=True)
-    os.symlink(target, temporary)
-    os.replace(temporary, link)

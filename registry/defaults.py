@@ -60,16 +60,43 @@ def shipped_agents_dir() -> Path | None:
     return None
 
 
-def _read_bundles(settings: Settings) -> Any:
+def _read_bundles(settings: Settings, plugins: Any = None) -> Any:
+    """The installed plugins of ``settings.marketplace_root``; with ``plugins`` (a
+    :class:`marketplace.replica.PluginSource`, the database), first made those it lists."""
     # Imported here: marketplace builds on the registry's modules, not the other way round.
+    from dataclasses import replace
+
     from marketplace.layer import read_bundles
+    from marketplace.replica import sync_installed
 
-    return read_bundles(settings.marketplace_root, config_mcp=settings.mcp_servers)
+    root = settings.marketplace_root
+    notes: list[LoadWarning] = []
+    if plugins is not None:
+        try:
+            synced = sync_installed(root, plugins)
+        except Exception as exc:  # noqa: BLE001 - the database's errors are its package's own
+            notes.append(
+                LoadWarning(
+                    "database:installed_plugins",
+                    f"the installed plugins could not be read from the database ({exc}); "
+                    f"this host keeps the copies {root} holds",
+                )
+            )
+        else:
+            notes.extend(
+                LoadWarning(f"database:installed_plugins/{name}", f"plugin {name!r}: {why}")
+                for name, why in synced.problems
+            )
+    bundles = read_bundles(root, config_mcp=settings.mcp_servers)
+    return replace(bundles, warnings=(*notes, *bundles.warnings)) if notes else bundles
 
 
-def build_registry(settings: Settings, user_store: UserStore | None = None) -> AgentRegistry:
+def build_registry(
+    settings: Settings, user_store: UserStore | None = None, plugins: Any = None
+) -> AgentRegistry:
     """Builtins, the shipped personas, ``settings.agent_dirs``, then ``user_store``, with the
-    availability gate. ``settings.shipped_agents`` false leaves the shipped personas out."""
+    availability gate. ``settings.shipped_agents`` false leaves the shipped personas out.
+    ``plugins``: where installed plugins are listed for every host (see :func:`_read_bundles`)."""
     optional = {settings.agents_dir}
     if settings.marketplace_root == DEFAULT_MARKETPLACE_ROOT:
         optional.add(DEFAULT_MARKETPLACE_ROOT)
@@ -91,5 +118,5 @@ def build_registry(settings: Settings, user_store: UserStore | None = None) -> A
         optional_dirs=optional,
         shipped_dir=shipped,
         notes=notes,
-        bundles=lambda: _read_bundles(settings),
+        bundles=lambda: _read_bundles(settings, plugins),
     )

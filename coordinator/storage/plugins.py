@@ -1,9 +1,16 @@
-"""What was installed from where: the ``marketplaces`` and ``installed_plugins`` tables.
+"""What was installed from where: the ``marketplaces``, ``installed_plugins`` and
+``plugin_archives`` tables.
 
-The installed files live in the marketplace root (:mod:`marketplace.install`); these rows are the
-record an administrator audits: which marketplace a plugin came from, its source, the git commit
-or content hash that was copied, the permission mode the installer allowed, who installed it and
-when. A row is written only after its files are in place, and removed before they are.
+The installed files live in the marketplace root of the host that installed them
+(:mod:`coordinator.plugin_manager`); the rows are the record an administrator audits: which
+marketplace a plugin came from, its source, the git commit or content hash that was copied, the
+permission mode the installer allowed, who installed it and when. A row is written only after its
+files are in place, and removed before they are.
+
+``plugin_archives`` carries the installed copy itself, packed (:func:`marketplace.replica.pack`),
+written in the same transaction as its ``installed_plugins`` row: every other host unpacks it into
+its own marketplace root (:func:`marketplace.replica.sync_installed`), so no filesystem needs to
+be shared between hosts.
 """
 
 from __future__ import annotations
@@ -12,10 +19,21 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Boolean, Engine, MetaData, String, Text, delete, select
+from sqlalchemy import (
+    Boolean,
+    Engine,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    delete,
+    select,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from coordinator.storage.columns import NAMING_CONVENTION, UtcDateTime, utcnow
+from marketplace.replica import Archive, Published
 
 __all__ = ["PLUGINS_METADATA", "InstalledRecord", "MarketplaceRecord", "PluginStore"]
 
@@ -55,6 +73,17 @@ class _PluginRow(_Base):
     mcp: Mapped[bool] = mapped_column(Boolean)
     installed_by: Mapped[str] = mapped_column(Text)
     installed_at: Mapped[datetime] = mapped_column()
+
+
+class _ArchiveRow(_Base):
+    __tablename__ = "plugin_archives"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    #: The installed directory's name (``<version>-<hash>``), the same on every host.
+    directory: Mapped[str] = mapped_column(String(255))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(Integer)
+    archive: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 #: The tables' metadata, for Alembic.
@@ -139,17 +168,50 @@ class PluginStore:
             row = db.get(_PluginRow, name)
             return _plugin(row) if row is not None else None
 
-    def put_plugin(self, record: InstalledRecord) -> InstalledRecord:
+    def put_plugin(
+        self, record: InstalledRecord, archive: Archive | None = None
+    ) -> InstalledRecord:
+        """Write the record and, in the same transaction, the installed copy other hosts
+        unpack (``None``: leave the stored copy as it is)."""
         values = asdict(record)
         values["installed_at"] = record.installed_at or utcnow()
         with self._sessions.begin() as db:
             db.merge(_PluginRow(**values))
+            if archive is not None:
+                db.merge(
+                    _ArchiveRow(
+                        name=record.name,
+                        directory=archive.directory,
+                        sha256=archive.sha256,
+                        size=len(archive.data),
+                        archive=archive.data,
+                    )
+                )
         return InstalledRecord(**values)
 
     def delete_plugin(self, name: str) -> bool:
         with self._sessions.begin() as db:
+            db.execute(delete(_ArchiveRow).where(_ArchiveRow.name == name))
             done = db.execute(delete(_PluginRow).where(_PluginRow.name == name))
             return bool(getattr(done, "rowcount", 0))
+
+    # -- the installed copies, for every host (marketplace.replica.PluginSource) ---------------
+
+    def published(self) -> list[Published]:
+        """Each installed plugin with the directory and digest of its stored copy (empty
+        directory and digest: installed before copies were stored)."""
+        with self._sessions() as db:
+            rows = db.execute(
+                select(_PluginRow.name, _ArchiveRow.directory, _ArchiveRow.sha256)
+                .join(_ArchiveRow, _ArchiveRow.name == _PluginRow.name, isouter=True)
+                .order_by(_PluginRow.name)
+            ).all()
+        return [Published(name, directory or "", sha256 or "") for name, directory, sha256 in rows]
+
+    def archive(self, name: str) -> Archive | None:
+        with self._sessions() as db:
+            row = db.get(_ArchiveRow, name)
+            return Archive(row.directory, row.sha256, row.archive) if row is not None else None
 
 
 def _market(row: _MarketplaceRow) -> MarketplaceRecord:

@@ -392,7 +392,7 @@ def test_a_database_failure_during_install_leaves_the_previous_version_in_place(
     before = tree(root)
     agent(folder, "x", body="A change the database never hears of.")
 
-    def refuse(self: PluginStore, record: Any) -> Any:
+    def refuse(self: PluginStore, record: Any, archive: Any = None) -> Any:
         raise RuntimeError("database is locked")
 
     monkeypatch.setattr(PluginStore, "put_plugin", refuse)
@@ -416,7 +416,7 @@ def test_a_database_failure_on_a_first_install_leaves_nothing_installed(
     full_plugin(market)
     added(manager, market)
 
-    def refuse(self: PluginStore, record: Any) -> Any:
+    def refuse(self: PluginStore, record: Any, archive: Any = None) -> Any:
         raise RuntimeError("database is locked")
 
     monkeypatch.setattr(PluginStore, "put_plugin", refuse)
