@@ -49,13 +49,18 @@ _CONFIRM = 5.0
 #: Errors after which a subscriber reconnects and resumes; anything else ends the subscription.
 _RETRYABLE = (RedisConnectionError, RedisTimeoutError)
 
-# KEYS: stream, counter, dedup hash. ARGV: channel, body, maxlen, ttl, dedup key, dedup index.
-# ``body`` is the event's JSON object without "seq"; the script writes "seq" as its first member,
-# so the rest of the JSON (floats, unicode) is stored byte for byte as Python wrote it.
-# Returns {duplicate (0/1), seq}.
+# KEYS: stream, counter, dedup hash[, lease]. ARGV: channel, body, maxlen, ttl, dedup key, dedup
+# index[, lease token]. ``body`` is the event's JSON object without "seq"; the script writes "seq"
+# as its first member, so the rest of the JSON (floats, unicode) is stored byte for byte as Python
+# wrote it. With a lease, nothing is written unless the lease key holds the token: an attempt
+# that lost its spawn to another (a worker cut off, then back) publishes nothing more.
+# Returns {duplicate (0/1, or 2: fenced), seq}.
 _PUBLISH_LUA = """
 local stream, counter, dedup = KEYS[1], KEYS[2], KEYS[3]
 local channel, body, maxlen, ttl, dkey, didx = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+if KEYS[4] and redis.call('GET', KEYS[4]) ~= ARGV[7] then
+  return {2, 0}
+end
 if dkey ~= '' then
   local seen = redis.call('HGET', dedup, 'max:' .. dkey)
   if seen and tonumber(seen) >= tonumber(didx) then
@@ -104,6 +109,8 @@ class Published:
     if that is no longer known); the event itself is the one passed in, not the stored copy."""
     duplicate: bool = False
     """True when a previous attempt already published this (dedup key, index): nothing was sent."""
+    fenced: bool = False
+    """True when the lease given with it is not held by its token (any more): nothing was sent."""
 
     @property
     def seq(self) -> int:
@@ -116,6 +123,8 @@ class Outgoing(NamedTuple):
     event: Event
     dedup_key: str | None = None
     dedup_index: int | None = None
+    #: (lease key, token): publish only while that lease is the token's.
+    fence: tuple[str, str] | None = None
 
 
 class SessionKeys(NamedTuple):
@@ -223,7 +232,7 @@ class EventBus:
 
     def _script_call(self, item: Outgoing) -> tuple[list[str], list[Any]]:
         """The publish script's keys and arguments for one event."""
-        event, dedup_key, dedup_index = item
+        event, dedup_key, dedup_index, fence = item
         if (dedup_key is None) != (dedup_index is None):
             raise ValueError("pass dedup_key and dedup_index together, or neither")
         keys = self.keys(event.session_id)
@@ -235,7 +244,10 @@ class EventBus:
             dedup_key or "",
             -1 if dedup_index is None else dedup_index,
         ]
-        return [keys.stream, keys.seq, keys.dedup], args
+        if fence is None:
+            return [keys.stream, keys.seq, keys.dedup], args
+        lease_key, token = fence
+        return [keys.stream, keys.seq, keys.dedup, lease_key], [*args, token]
 
     async def _evalsha_all(
         self, client: redis.asyncio.Redis, calls: Sequence[tuple[list[str], list[Any]]]
@@ -603,8 +615,13 @@ class _AsyncIO(_PubSubIO):
 
 def _published(event: Event, reply: Any) -> Published:
     """The publish script's reply ``{duplicate, seq}`` as a :class:`Published`."""
-    duplicate, seq = reply
-    return Published(event.model_copy(update={"seq": int(seq)}), duplicate=bool(duplicate))
+    outcome, seq = reply
+    fenced = int(outcome) == 2
+    return Published(
+        event.model_copy(update={"seq": int(seq)}),
+        duplicate=int(outcome) == 1,
+        fenced=fenced,
+    )
 
 
 def _after(seq: int) -> tuple[str, str]:

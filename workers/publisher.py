@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio
 
+from registry.errors import LeaseLost
 from workers.events import EventBus, Outgoing, Published
 from workers.messages import Event, TextDelta
 
@@ -119,12 +120,14 @@ class EventWriter:
         if self._task is not None:
             await self._task
 
-    def sink(self, spawn_id: str) -> SpawnSink:
+    def sink(self, spawn_id: str, fence: tuple[str, str] | None = None) -> SpawnSink:
         """The sink of ``spawn_id``: the same one for as long as anything holds it, so every
-        event of an attempt goes through one buffer, in order."""
+        event of an attempt goes through one buffer, in order. ``fence`` (lease key, token):
+        its events are published only while that lease is the attempt's; an attempt under
+        another token gets a sink of its own."""
         sink = self._sinks.get(spawn_id)
-        if sink is None:
-            sink = self._sinks[spawn_id] = SpawnSink(self, spawn_id)
+        if sink is None or sink.fence != fence:
+            sink = self._sinks[spawn_id] = SpawnSink(self, spawn_id, fence)
         return sink
 
     def _enqueue(self, sink: SpawnSink, event: Event, index: int) -> None:
@@ -170,7 +173,9 @@ class EventWriter:
         interrupted: BaseException | None = None
         outcomes: list[Published | BaseException]
         try:
-            items = [Outgoing(q.event, f"spawn:{q.sink.spawn_id}", q.index) for q in live]
+            items = [
+                Outgoing(q.event, f"spawn:{q.sink.spawn_id}", q.index, q.sink.fence) for q in live
+            ]
             self.batches += 1
             outcomes = list(await self.bus.apublish_many(items, client=self.client))
         except BaseException as exc:  # whatever it is, the waiters must hear of it
@@ -179,6 +184,8 @@ class EventWriter:
         results = iter(outcomes)
         for queued, send in zip(batch, sending, strict=True):
             outcome = next(results) if send else queued.sink._error
+            if isinstance(outcome, Published) and outcome.fenced:
+                outcome = LeaseLost(queued.sink.spawn_id)  # another attempt owns the spawn
             queued.sink._settle(queued, outcome)
             if isinstance(outcome, Published) and not outcome.duplicate:
                 self._announce(outcome.event)
@@ -197,8 +204,11 @@ class EventWriter:
 class SpawnSink:
     """Where one spawn emits its events: ``emit`` queues, ``flushed`` waits for publication."""
 
-    def __init__(self, writer: EventWriter, spawn_id: str) -> None:
+    def __init__(
+        self, writer: EventWriter, spawn_id: str, fence: tuple[str, str] | None = None
+    ) -> None:
         self.spawn_id = spawn_id
+        self.fence = fence
         self._writer = writer
         self._text: list[str] = []
         self._text_chars = 0

@@ -50,6 +50,7 @@ from pydantic import BaseModel
 from marketplace.catalog import spawn_catalog
 from marketplace.mcp import McpHub
 from marketplace.mcp_catalog import McpToolPublisher
+from marketplace.replica import PluginSource
 from marketplace.skills import SKILLS_EXTRA, skills_prompt
 from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
@@ -74,7 +75,7 @@ from workers.client import enqueue
 from workers.engine import Engine
 from workers.events import EventBus
 from workers.hardening import ProviderCredentials
-from workers.leases import LeaseKeeper
+from workers.leases import LeaseFence, LeaseKeeper
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
 from workers.messages import (
     AgentTile,
@@ -233,10 +234,14 @@ class WorkerRuntime:
         of their first attempt (the coordinator, whose prompt is the catalog)."""
         self._special[name] = factory
 
-    def use_user_store(self, store: UserStore) -> None:
-        """Read user personas from ``store`` (the database) from now on."""
-        self.registry = build_registry(self.settings, store)
+    def use_user_store(self, store: UserStore, plugins: PluginSource | None = None) -> None:
+        """Read user personas from ``store`` (the database) from now on, and, with ``plugins``,
+        unpack the installed plugins it lists into this host's marketplace root at each reload
+        (:mod:`marketplace.replica`)."""
+        self.registry = build_registry(self.settings, store, plugins)
         self.follower.registry = self.registry
+        # The plugins just unpacked may bring MCP servers the first snapshot did not have.
+        self._sync_mcp(self.registry.snapshot(), wait=True)
 
     def _sync_mcp(self, snapshot: Snapshot, *, wait: bool = False) -> None:
         """Start, stop and restart MCP servers to match ``snapshot``. ``wait``: at start-up,
@@ -278,6 +283,7 @@ class WorkerRuntime:
     async def aexecute(self, spawn_id: str) -> dict[str, Any]:
         if self.draining.is_set():
             return await self._decline(spawn_id)
+        sent = time.monotonic()  # the lease counts from before the claim reached Redis
         record, token = await self.astore.claim(spawn_id, self.lease_ms)
         if record is None:
             return {"spawn_id": spawn_id, "status": "missing"}
@@ -287,7 +293,7 @@ class WorkerRuntime:
             return {"spawn_id": spawn_id, "status": "held-elsewhere"}
         if record.attempts == 1:
             metrics.spawn_claimed(record.queue, time.time() - record.created)
-        self.leases.hold(spawn_id, token)
+        self.leases.hold(spawn_id, token, confirmed_at=sent)
         task = asyncio.current_task()
         assert task is not None
         self._tasks[spawn_id] = task
@@ -346,6 +352,11 @@ class WorkerRuntime:
             f"stopped after the time limit of {self.time_limit:g} s (spawn_time_limit_seconds)",
         )
 
+    def _sink(self, spawn_id: str, token: str) -> SpawnSink:
+        """The attempt's event sink, fenced by its lease: once another attempt holds the spawn,
+        Redis takes no event of this one (:mod:`workers.events`)."""
+        return self.writer.sink(spawn_id, fence=(self.astore.lease_key(spawn_id), token))
+
     def _on_lease_lost(self, spawn_id: str) -> None:
         """From the lease keeper's thread: stop the spawn's coroutine on the loop."""
 
@@ -369,7 +380,8 @@ class WorkerRuntime:
             )
         if await self.astore.cancel_requested(spawn_id):  # e.g. cancelled while waiting
             return await self._finish(record, token, "cancelled", "cancelled on request")
-        sink = self.writer.sink(spawn_id)
+        sink = self._sink(spawn_id, token)
+        fence = LeaseFence(self.leases, spawn_id)
         try:
             persona, bag, skills = await self._prepare(record, token, sink)
         except (LeaseLost, redis.RedisError):
@@ -396,7 +408,8 @@ class WorkerRuntime:
                 stopping=self.draining,
                 extras={SKILLS_EXTRA: skills},
             ),
-            run_tool=self._run_tool,
+            # No tool call of this attempt starts once its lease may have passed to another.
+            run_tool=fence.run_tool(self._run_tool),
             stream=self._streaming(record.session_id),
             published=await self._published_results(record),
             persona=persona.name,
@@ -426,7 +439,8 @@ class WorkerRuntime:
 
         model = MeasuredModel(
             RetryingModel(
-                model_for(record.model_id, self.credentials),
+                # Checked before each try: no model call once the lease may be another's.
+                fence.model(model_for(record.model_id, self.credentials)),
                 RetryPolicy.from_settings(self.settings),
                 stop=self.draining,  # a shutdown does not sit out a backoff
             ),
@@ -472,7 +486,7 @@ class WorkerRuntime:
         ``failed``, naming the limit, when that last model call fails."""
         assert record.state is not None
         record.budget.reached = reached
-        sink = self.writer.sink(record.spawn_id)
+        sink = self._sink(record.spawn_id, token)
         try:
             text = await partial_answer(
                 model, setup, record.state, reached, sink.emit, guard.completed
@@ -659,7 +673,7 @@ class WorkerRuntime:
             usage=usage if usage is not None else Usage(),
             budget_reached=reached.limit if reached else None,
         )
-        sink = self.writer.sink(record.spawn_id)
+        sink = self._sink(record.spawn_id, token)
         sink.emit(note, index)
         await sink.flushed()
         if record.state:

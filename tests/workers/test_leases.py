@@ -13,7 +13,8 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from workers.leases import LeaseKeeper
+from registry.errors import LeaseLost
+from workers.leases import LeaseFence, LeaseKeeper
 from workers.loop import LoopState
 from workers.messages import Message
 from workers.spawns import SpawnRecord, SpawnStore
@@ -99,17 +100,47 @@ def test_an_expired_lease_is_reported_and_a_failing_callback_stops_nothing(store
     assert reported == [first[0], second[0]] and keeper.held() == {}
 
 
-def test_an_unreachable_redis_is_retried_each_period(store: SpawnStore):
+def test_an_unreachable_redis_is_retried_each_period_and_the_fence_gives_the_lease_up(
+    store: SpawnStore,
+):
     unreachable = SpawnStore(redis.Redis(port=1, socket_connect_timeout=0.2))
     lost = _Lost()
     keeper = LeaseKeeper(unreachable, TTL_MS, PERIOD_S, lost)
     keeper.hold("s1", "token")
     with pytest.raises(redis.ConnectionError):
         keeper.renew_now()
+    assert keeper.held() == {"s1": "token"}  # one failed renewal loses nothing
     keeper.start()
     try:
-        time.sleep(5 * PERIOD_S)
+        # Never confirmed again: reported lost by the fence, before Redis could expire it.
+        _wait(lambda: lost.ids, "the fence to report the unconfirmed lease")
         assert keeper._thread.is_alive()
     finally:
         keeper.stop()
-    assert lost.ids == [] and keeper.held() == {"s1": "token"}
+    assert lost.ids == ["s1"] and keeper.held() == {} and not keeper.valid("s1")
+
+
+def test_a_lease_is_valid_only_while_recently_confirmed(store: SpawnStore):
+    lost = _Lost()
+    keeper = LeaseKeeper(store, TTL_MS, PERIOD_S, lost)
+    spawn_id, token = _claimed(store)
+    long_ago = time.monotonic() - TTL_MS / 1000
+    keeper.hold(spawn_id, token, confirmed_at=long_ago)
+    assert not keeper.valid(spawn_id)
+    with pytest.raises(LeaseLost):
+        LeaseFence(keeper, spawn_id).check()
+    keeper.renew_now()  # Redis still has it: confirmed again
+    assert keeper.valid(spawn_id) and keeper.fence_now() == []
+    keeper.hold(spawn_id, token, confirmed_at=long_ago)
+    assert keeper.fence_now() == [spawn_id] and lost.ids == [spawn_id]
+    assert keeper.held() == {} and keeper.fence_now() == []  # reported once
+
+
+def test_a_renewal_cannot_take_back_a_lease_another_attempt_holds(store: SpawnStore):
+    lost = _Lost()
+    keeper = LeaseKeeper(store, TTL_MS, PERIOD_S, lost)
+    spawn_id, token = _claimed(store)
+    keeper.hold(spawn_id, token)
+    store.r.set(store.lease_key(spawn_id), "another-attempt")
+    assert keeper.renew_now() == [spawn_id]
+    assert store.r.get(store.lease_key(spawn_id)) == b"another-attempt"

@@ -15,6 +15,7 @@ import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from registry.errors import LeaseLost
 from workers.events import EventBus, Outgoing, Published
 from workers.messages import Event, TaskNotification, TextDelta, ToolCallEvent
 from workers.publisher import EventWriter, PublishFailed
@@ -331,3 +332,47 @@ def test_by_default_text_leaves_at_the_next_round_and_merges_while_one_is_in_fli
     events = run(bus, body)
 
     assert [e.text for e in events if isinstance(e, TextDelta)] == ["first", " and the rest"]
+
+
+def test_events_of_an_attempt_whose_lease_another_holds_are_never_stored(
+    bus: EventBus, client: redis.Redis
+):
+    lease = "ongrid:lease:a"
+    client.set(lease, "first-attempt")
+
+    async def body(writer: EventWriter) -> None:
+        first = writer.sink("a", fence=(lease, "first-attempt"))
+        first.emit(call("c1"), 0)
+        await first.flushed()
+        client.set(lease, "second-attempt")  # the spawn was taken over
+        first.emit(call("c2"), 1)
+        first.emit(note(), 2)
+        with pytest.raises(PublishFailed, match="spawn a from index 1") as failure:
+            await first.flushed()
+        assert isinstance(failure.value.__cause__, LeaseLost)
+        second = writer.sink("a", fence=(lease, "second-attempt"))
+        assert second is not first
+        second.emit(call("c2"), 1)  # the attempt that holds the spawn publishes it, once
+        await second.flushed()
+
+    run(bus, body, text_flush_after=NEVER)
+
+    assert shape(bus.history(SESSION)) == [("a", "tool_call", "c1"), ("a", "tool_call", "c2")]
+
+
+def test_a_fenced_publish_stores_and_announces_nothing(bus: EventBus, client: redis.Redis):
+    client.set("ongrid:lease:a", "theirs")
+
+    async def main() -> list[Any]:
+        aclient = redis.asyncio.Redis.from_url(URL)
+        try:
+            fenced = Outgoing(note(), "spawn:a", 0, ("ongrid:lease:a", "ours"))
+            held = Outgoing(note(), "spawn:a", 0, ("ongrid:lease:a", "theirs"))
+            return await bus.apublish_many([fenced, held], client=aclient)
+        finally:
+            await aclient.aclose()
+
+    first, second = asyncio.run(main())
+    assert isinstance(first, Published) and first.fenced and not first.duplicate
+    assert isinstance(second, Published) and not second.fenced and second.seq == 1
+    assert len(bus.history(SESSION)) == 1
