@@ -7,10 +7,11 @@ point loads the settings once and passes them here; nothing reads the environmen
 The app carries three bootsteps, which run only when it starts a worker (never for Flower,
 ``celery inspect`` or a process that only sends tasks):
 
-* :class:`_Runtime`, before the worker takes anything: builds the
-  :class:`~workers.runtime.WorkerRuntime` (registry caught up, lease and reaper threads, litellm
-  loaded), hardens the process (secrets leave ``os.environ``, provider keys go to the runtime),
-  migrates the database and reads user personas from it, installs the coordinator persona and
+* :class:`_Runtime`, before the worker takes anything: migrates the database, refuses a
+  configuration that cannot work with the one the API announced (:mod:`coordinator.topology`),
+  builds the :class:`~workers.runtime.WorkerRuntime` (registry caught up, lease and reaper
+  threads, litellm loaded), hardens the process (secrets leave ``os.environ``, provider keys go
+  to the runtime), reads user personas from the database, installs the coordinator persona and
   the AgentTool, and makes the runtime the one this process's spawn tasks run on. Any failure
   stops the worker with the reason before it consumes a message.
 * :class:`_Observe`, before the worker takes anything: serves the process's Prometheus metrics
@@ -18,8 +19,9 @@ The app carries three bootsteps, which run only when it starts a worker (never f
   the OTLP trace exporter when ``otlp_endpoint`` is set (its spans name the worker's node as
   their ``service.instance.id``); both stop after the pool has.
 * :class:`_Advertise`, once the consumer consumes: advertises the queues it actually consumes
-  (those of ``-Q``), so callers can refuse a spawn nobody would run (:mod:`workers.consumers`);
-  withdrawn when the consumer stops.
+  (those of ``-Q``), so callers can refuse a spawn nobody would run (:mod:`workers.consumers`),
+  and reports the registry version and persona set the process runs, for the fleet view
+  (:mod:`workers.fleet`); both withdrawn when the consumer stops.
 
 This module lives under ``coordinator/`` because a worker process is composed of both packages:
 the runtime from ``workers/``, the database and the coordinator from here. ``workers.app``, the
@@ -53,6 +55,7 @@ from registry.errors import OngridError
 from registry.settings import Settings
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, make_celery, redis_unreachable
 from workers.consumers import QueueAdvertiser
+from workers.fleet import FleetReporter, runtime_report, runtime_version
 from workers.metrics import serve_metrics
 from workers.runtime import WorkerRuntime, use_worker_runtime
 from workers.tracing import init_tracing, shutdown_tracing
@@ -69,14 +72,28 @@ def build_runtime(settings: Settings) -> WorkerRuntime:
     """The runtime of a worker process, ready to run specialists and coordinator turns."""
     from coordinator.storage.engine import database_url, make_engine, upgrade
     from coordinator.storage.personas import SqlUserStore
+    from coordinator.storage.plugins import PluginStore
+    from coordinator.topology import CHECK_TIMEOUT, check_worker
     from coordinator.turns import install
     from workers.hardening import harden_process
 
-    runtime = WorkerRuntime(settings)  # registry caught up, lease/reaper threads started
-    runtime.credentials = harden_process()  # settings are built: secrets leave os.environ
     engine = make_engine(database_url(settings))
     upgrade(engine)  # concurrent upgrades wait for each other
-    runtime.use_user_store(SqlUserStore(engine))  # user personas from the database
+    # Before any thread starts: a worker set up for another database or Redis than the API
+    # announced stops here, saying what to set.
+    probe = redis.Redis.from_url(
+        settings.redis_url or DEFAULT_REDIS_URL,
+        socket_connect_timeout=CHECK_TIMEOUT,
+        socket_timeout=CHECK_TIMEOUT,
+    )
+    try:
+        check_worker(settings, engine, probe)
+    finally:
+        probe.close()
+    runtime = WorkerRuntime(settings)  # registry caught up, lease/reaper threads started
+    runtime.credentials = harden_process()  # settings are built: secrets leave os.environ
+    # User personas and installed plugins from the database, which every host shares.
+    runtime.use_user_store(SqlUserStore(engine), PluginStore(engine))
     install(runtime)  # the coordinator persona and the AgentTool
     return runtime
 
@@ -182,6 +199,7 @@ def _advertise_step(settings: Settings) -> type[bootsteps.StartStopStep]:
         def __init__(self, consumer: Any, **kwargs: Any) -> None:
             super().__init__(consumer, **kwargs)
             self.advertiser: QueueAdvertiser | None = None
+            self.reporter: FleetReporter | None = None
 
         def start(self, consumer: Any) -> None:
             def queues() -> list[str]:
@@ -195,8 +213,17 @@ def _advertise_step(settings: Settings) -> type[bootsteps.StartStopStep]:
             self.advertiser = QueueAdvertiser(client, consumer.hostname, queues)
             self.advertiser.start()
             log.info("advertising the queues %s", ", ".join(sorted(queues())))
+            # The runtime step ran before the consumer started: the runtime exists.
+            member = self.advertiser.member
+            self.reporter = FleetReporter(
+                client, member, runtime_report(member, queues), watch=runtime_version
+            )
+            self.reporter.start()
 
         def stop(self, consumer: Any) -> None:
+            if self.reporter is not None:
+                self.reporter.stop()
+                self.reporter = None
             if self.advertiser is not None:
                 self.advertiser.stop()
                 self.advertiser.client.close()

@@ -4,7 +4,8 @@
 start when reachable, else on first contact), the persona registry over the ``agents`` table, the
 chat store, the spawn client (Celery + Redis) and the tool catalog, then mounts the routers,
 ``/metrics``, the request telemetry (traces exported when ``otlp_endpoint`` is set) and the web
-console at ``/``.
+console at ``/``. While it serves, it announces where its database and Redis are, for workers
+to check theirs against (:mod:`coordinator.topology`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from coordinator.api import agents, approvals, chat, health, me, plugins, skills, spawns
+from coordinator.api import agents, approvals, chat, health, me, plugins, skills, spawns, workers
 from coordinator.api.console import install_console
 from coordinator.api.deps import Services
 from coordinator.api.docs import install_docs
@@ -32,6 +33,7 @@ from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
 from coordinator.storage.personas import GuardedUserStore, SqlUserStore
 from coordinator.storage.plugins import PluginStore
+from coordinator.topology import ApiAnnouncer
 from coordinator.web import DIST
 from registry.defaults import build_registry
 from registry.settings import Settings
@@ -73,7 +75,9 @@ def build_services(settings: Settings) -> Services:
     # lands in between is then seen as newer, not silently missed.
     version = cluster_version(redis.Redis.from_url(url))
     users = GuardedUserStore(SqlUserStore(database.engine), database)
-    registry = build_registry(settings, users)
+    plugin_store = PluginStore(database.engine)
+    # Installed plugins come from the database, so API processes on several hosts agree.
+    registry = build_registry(settings, users, plugin_store)
     # Spawns are checked against the registry that holds the user personas.
     client = SpawnClient(settings, registry=registry)
     audit = AuditStore(database.engine)
@@ -93,7 +97,7 @@ def build_services(settings: Settings) -> Services:
         audit_follower=AuditFollower(client.approvals, audit, database),
         plugins=PluginManager(
             settings.marketplace_root,
-            PluginStore(database.engine),
+            plugin_store,
             broadcast=client.reload,
             allow_network=settings.plugins_allow_network,
         ),
@@ -108,7 +112,10 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.audit_follower.start()
+        # Where this API's database and Redis are, for workers to check theirs against.
+        announcer = ApiAnnouncer(settings, services.database).start()
         yield
+        announcer.stop()
         services.close()
         scrape_client.close()
         if traced:
@@ -129,7 +136,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     # Outermost: requests the body limit refuses are counted and traced too.
     scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)
-    for module in (me, chat, spawns, agents, skills, plugins, health):
+    for module in (me, chat, spawns, agents, skills, plugins, workers, health):
         app.include_router(module.router)
     app.include_router(approvals.router)
     app.include_router(approvals.audit_router)

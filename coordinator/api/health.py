@@ -3,6 +3,10 @@
 Ready means a chat can be answered: Redis and the database answer, and each of the runtime's
 queues has a live consumer (a worker advertising it, :mod:`workers.consumers`). A queue nobody
 consumes would take a turn and never run it, so the probe names it and the command to run.
+
+The probe also summarises the fleet (:mod:`coordinator.api.workers`): how many workers report,
+and those that lag the cluster's registry or run other personas. That section never makes the
+API unready: a worker whose disk personas differ still answers chats.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.deps import Services, Svc
 from coordinator.api.schemas import HealthOut, ReadyOut
+from coordinator.api.workers import assess
 from coordinator.storage.engine import DatabaseUnavailable
 from workers.celery_app import QUEUES
 from workers.consumers import NoConsumer, live_consumers
 
-__all__ = ["QueueOut", "ReadinessOut", "router"]
+__all__ = ["FleetSummaryOut", "QueueOut", "ReadinessOut", "router"]
 
 router = APIRouter(tags=["health"])
 
@@ -34,11 +39,42 @@ class QueueOut(BaseModel):
     workers: list[str] = Field(description="Each of them, as `<hostname> pid <pid>`.")
 
 
+class FleetSummaryOut(BaseModel):
+    """The fleet at a glance (``GET /api/v1/workers`` has the whole view); informational."""
+
+    workers: int = Field(default=0, description="Live worker processes that report.")
+    consistent: bool = Field(
+        default=False, description="No worker and not this API process is flagged."
+    )
+    flagged: dict[str, list[str]] = Field(
+        default_factory=dict, description="Each flagged worker, by member, with its flags."
+    )
+    api: list[str] = Field(default_factory=list, description="Flags of this API process.")
+    error: str | None = Field(default=None, description="Why the fleet could not be read.")
+
+
 class ReadinessOut(ReadyOut):
     queues: dict[str, QueueOut] = Field(
         default_factory=dict,
         description="Each queue of the runtime with its live consumers (empty while Redis is "
         "down); a queue with none is a failed check of its own name in `checks`.",
+    )
+    fleet: FleetSummaryOut = Field(
+        default_factory=FleetSummaryOut,
+        description="Workers that lag or run other personas; never a reason to be unready.",
+    )
+
+
+def _fleet(svc: Services) -> FleetSummaryOut:
+    try:
+        assessment = assess(svc)
+    except Exception as exc:  # noqa: BLE001 - the summary says why, readiness is untouched
+        return FleetSummaryOut(error=f"cannot read the fleet: {exc}")
+    return FleetSummaryOut(
+        workers=len(assessment.workers),
+        consistent=assessment.consistent,
+        flagged=assessment.flagged,
+        api=list(assessment.api_flags),
     )
 
 
@@ -64,7 +100,9 @@ def _readiness(svc: Services) -> ReadinessOut:
         queues[queue] = QueueOut(consumers=len(workers), workers=workers)
         checks[queue] = "ok" if workers else str(NoConsumer(queue))
     ok = all(value == "ok" for value in checks.values())
-    return ReadinessOut(status="ok" if ok else "unavailable", checks=checks, queues=queues)
+    return ReadinessOut(
+        status="ok" if ok else "unavailable", checks=checks, queues=queues, fleet=_fleet(svc)
+    )
 
 
 @router.get(
@@ -79,6 +117,7 @@ def _readiness(svc: Services) -> ReadinessOut:
 )
 async def readyz(svc: Svc) -> JSONResponse:
     """Ready when Redis answers PING, the database answers (and is migrated) and every queue
-    has a live consumer."""
+    has a live consumer. The `fleet` section lists workers that lag or run other personas; it
+    never turns the answer into 503 (such a worker still answers chats)."""
     body = await run_in_threadpool(_readiness, svc)
     return JSONResponse(body.model_dump(), status_code=200 if body.status == "ok" else 503)
