@@ -28,9 +28,11 @@ scripted model can choose its next call from the tool results it was sent
 (:mod:`workers.testing.recipe_model`).
 
 Other endpoints: ``GET /v1/models``, ``GET /_requests`` (every request body, in order),
-``GET /_keys`` (the SHA-256 of each request's bearer key, in order), ``POST /_release`` (answer
-the requests a rule's ``hold`` keeps waiting), ``POST /_reset`` (forget requests and rules set
-over HTTP). Run ``python -m workers.testing.fake_openai --help``.
+``GET /_keys`` (the SHA-256 of each request's bearer key, in order), ``GET /_peers`` (the client
+address each request came from, in order), ``GET /_arrivals`` (the unix time each arrived, in
+order), ``POST /_release`` (answer the requests a rule's
+``hold`` keeps waiting), ``POST /_reset`` (forget requests and rules set over HTTP). Run
+``python -m workers.testing.fake_openai --help``.
 """
 
 from __future__ import annotations
@@ -303,6 +305,10 @@ class _Service:
         self.policy = policy
         self.received: list[dict[str, Any]] = []
         self.keys: list[str] = []
+        #: The client IP of each chat request, as the server saw it: which host asked.
+        self.peers: list[str] = []
+        #: When each chat request arrived (unix seconds): what landed after what.
+        self.arrivals: list[float] = []
         self._ids = itertools.count(1)
         self._holds: dict[str, asyncio.Event] = {}
 
@@ -337,6 +343,8 @@ class _Service:
         # Only a digest of the key: a test proves which key arrived without the fake keeping it.
         bearer = request.headers.get("authorization", "").removeprefix("Bearer ")
         self.keys.append(hashlib.sha256(bearer.encode()).hexdigest() if bearer else "")
+        self.peers.append(request.client.host if request.client else "")
+        self.arrivals.append(time.time())
         messages: list[dict[str, Any]] = body.get("messages") or []
         answer = self.answer(body)
         meta = {
@@ -380,6 +388,12 @@ class _Service:
     async def key_digests(self, request: Request) -> Response:
         return JSONResponse(self.keys)
 
+    async def peer_addresses(self, request: Request) -> Response:
+        return JSONResponse(self.peers)
+
+    async def arrival_times(self, request: Request) -> Response:
+        return JSONResponse(self.arrivals)
+
     async def set_script(self, request: Request) -> Response:
         self.script.rules = parse_rules(await request.json())
         return JSONResponse({"rules": len(self.script.rules)})
@@ -392,6 +406,8 @@ class _Service:
     async def reset(self, request: Request) -> Response:
         self.received.clear()
         self.keys.clear()
+        self.peers.clear()
+        self.arrivals.clear()
         self.script.reset()
         for held in self._holds.values():  # nothing stays stuck behind a forgotten rule
             held.set()
@@ -488,6 +504,8 @@ def create_app(
         Route("/v1/models", service.models, methods=["GET"]),
         Route("/_requests", service.requests, methods=["GET"]),
         Route("/_keys", service.key_digests, methods=["GET"]),
+        Route("/_peers", service.peer_addresses, methods=["GET"]),
+        Route("/_arrivals", service.arrival_times, methods=["GET"]),
         Route("/_script", service.set_script, methods=["POST"]),
         Route("/_reset", service.reset, methods=["POST"]),
         Route("/_release", service.release, methods=["POST"]),
@@ -563,6 +581,10 @@ class FakeOpenAI:
     def key_digests(self) -> list[str]:
         """The SHA-256 of each chat request's bearer key ("" for none), in order."""
         return list(self._service.keys)
+
+    def peers(self) -> list[str]:
+        """The client address of each chat request, in order."""
+        return list(self._service.peers)
 
     def release(self, hold: str) -> None:
         """Let the requests held by rules with ``hold`` answer (and later ones pass at once)."""
