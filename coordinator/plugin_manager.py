@@ -447,6 +447,9 @@ class PluginManager:
             and previous == final
         )
         if same and existing is not None:
+            if self.store.archive(plugin) is None:
+                # Installed before copies were stored: store this one, for the other hosts.
+                self.store.put_plugin(existing, pack(final))
             return InstallOutcome(existing, load_plugin(final, read_record(final))[0], False)
         home.mkdir(parents=True, exist_ok=True)
         if final.exists():  # the same content, installed before with other options

@@ -183,6 +183,9 @@ def test_a_damaged_copy_and_a_missing_one_are_named(
     ((_, why),) = sync_installed(worker_root, store).problems
     assert "ongrid plugins update" in why
     assert not (worker_root / PLUGINS_DIR).exists()
+    # What the message says to do stores the copy, though nothing else changed.
+    assert [u["updated"] for u in manager.update("ops")] == [False]
+    assert sync_installed(worker_root, store).unpacked == ["ops"]
 
 
 def test_the_same_files_pack_to_the_same_bytes(manager: PluginManager, api_root: Path) -> None:
