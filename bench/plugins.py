@@ -2,7 +2,10 @@
 
 - **reload**: :meth:`AgentRegistry.reload` with every plugin of a marketplace installed, against
   the same reload with an empty marketplace root (the shipped personas only, in both);
-- **install**: ``PluginManager.install`` of each plugin (copy, check, hash, load), per plugin;
+- **install**: ``PluginManager.install`` of each plugin (copy, check, hash, pack, load), per plugin;
+- **another host**: the first reload of a registry on an empty marketplace root of its own, which
+  unpacks every plugin from the database, then its later reloads (the database is asked which
+  copies it holds each time) against the installing host's reload;
 - **MCP call**: ``McpTool.run`` of ``mcp-server-time``'s ``get_current_time`` through
   :class:`marketplace.mcp.McpHub` (validation, the hub's loop, rendering), against the bare SDK:
   one ``ClientSession.call_tool`` on a session opened once, in one event loop.
@@ -85,11 +88,15 @@ def bench_reload(work: Path, runs: int, count: int) -> None:
         manager.install(f"{name}@{market}")
     install = (time.perf_counter() - start) / len(names)
 
-    def registry(marketplace_root: Path) -> object:
+    def registry(marketplace_root: Path, plugins: PluginStore | None = None) -> object:
         settings = Settings.load(environ={"ONGRID_MARKETPLACE_ROOT": str(marketplace_root)})
-        return build_registry(settings)
+        return build_registry(settings, plugins=plugins)
 
+    start = time.perf_counter()
+    elsewhere = registry(work / "other-host", PluginStore(engine))
+    first_unpack = time.perf_counter() - start
     with_plugins, empty = registry(root), registry(work / "empty")
+    synced = _median(elsewhere.reload, runs)  # type: ignore[attr-defined]
     snapshot = with_plugins.snapshot()  # type: ignore[attr-defined]
     plugin_personas = sum(1 for n in snapshot.personas if ":" in n)
     full = _median(with_plugins.reload, runs)  # type: ignore[attr-defined]
@@ -100,6 +107,8 @@ def bench_reload(work: Path, runs: int, count: int) -> None:
     print(f"  reload with the plugins:      {full * 1000:8.1f} ms")
     print(f"  reload without (shipped only): {bare * 1000:7.1f} ms")
     print(f"  ratio:                         {full / bare:7.1f}x")
+    print(f"  another host, first reload (unpacks all): {first_unpack * 1000:8.1f} ms")
+    print(f"  another host, later reloads:  {synced * 1000:8.1f} ms ({synced / full:.2f}x)")
 
 
 def bench_mcp(calls: int) -> None:
