@@ -100,8 +100,15 @@ def _readiness(svc: Services) -> ReadinessOut:
         queues[queue] = QueueOut(consumers=len(workers), workers=workers)
         checks[queue] = "ok" if workers else str(NoConsumer(queue))
     ok = all(value == "ok" for value in checks.values())
+    # Only after Redis answered the bounded ping: reading the fleet goes through clients
+    # without that bound, and the probe must answer even when Redis is cut off.
+    fleet = (
+        _fleet(svc)
+        if checks["redis"] == "ok"
+        else FleetSummaryOut(error=f"cannot read the fleet: Redis {checks['redis']}")
+    )
     return ReadinessOut(
-        status="ok" if ok else "unavailable", checks=checks, queues=queues, fleet=_fleet(svc)
+        status="ok" if ok else "unavailable", checks=checks, queues=queues, fleet=fleet
     )
 
 
