@@ -17,11 +17,11 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import redis
 
 from registry.errors import OngridError
+from workers.presence import live_members, renew_member, server_now
 
 __all__ = [
     "ADVERTISE_EVERY",
@@ -65,12 +65,6 @@ class NoConsumer(OngridError):
         )
 
 
-def _server_now(reply: Any) -> float:
-    """Redis ``TIME`` (seconds, microseconds) as seconds."""
-    seconds, micros = reply
-    return int(seconds) + int(micros) / 1e6
-
-
 def live_consumers(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[str]]:
     """The live workers of each queue (one round trip); an empty list: nobody consumes it."""
     names = list(queues)
@@ -79,15 +73,8 @@ def live_consumers(client: redis.Redis, queues: Iterable[str]) -> dict[str, list
     for queue in names:
         pipe.zrange(consumers_key(queue), 0, -1, withscores=True)
     now_pair, *members = pipe.execute()
-    now = _server_now(now_pair)
-    return {
-        queue: sorted(_text(m) for m, expires in found if expires > now)
-        for queue, found in zip(names, members, strict=True)
-    }
-
-
-def _text(member: bytes | str) -> str:
-    return member.decode() if isinstance(member, bytes) else member
+    now = server_now(now_pair)
+    return {queue: live_members(found, now) for queue, found in zip(names, members, strict=True)}
 
 
 class QueueAdvertiser:
@@ -121,13 +108,10 @@ class QueueAdvertiser:
 
     def renew(self) -> None:
         current = set(self._queues())
-        now = _server_now(self.client.time())
+        now = server_now(self.client.time())
         pipe = self.client.pipeline(transaction=False)
         for queue in current:
-            key = consumers_key(queue)
-            pipe.zadd(key, {self.member: now + self._ttl})
-            pipe.zremrangebyscore(key, "-inf", now)  # the dead leave the set, not just the count
-            pipe.pexpire(key, int(self._ttl * 3000))  # and the set leaves Redis with the last one
+            renew_member(pipe, consumers_key(queue), self.member, now, self._ttl)
         for queue in self._advertised - current:
             pipe.zrem(consumers_key(queue), self.member)
         pipe.execute()

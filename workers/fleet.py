@@ -32,7 +32,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from registry.agent_registry import Snapshot
 from registry.parser import dump_persona
 from registry.persona import Persona
+from workers.presence import live_members, renew_member, server_now
 from workers.reload import RegistryFollower
 
 __all__ = [
@@ -190,12 +191,6 @@ def runtime_version() -> int | None:
         return None
 
 
-def _server_now(reply: Any) -> float:
-    """Redis ``TIME`` (seconds, microseconds) as seconds."""
-    seconds, micros = reply
-    return int(seconds) + int(micros) / 1e6
-
-
 class FleetReporter:
     """Keeps ``report()`` in Redis for ``member``: renewed every ``every`` seconds by one
     daemon thread, and as soon as ``watch()`` returns something new (the registry version).
@@ -242,15 +237,13 @@ class FleetReporter:
             if self._stop.is_set():
                 return None
             report = self._report()
-            now = _server_now(self.client.time())
+            now = server_now(self.client.time())
             if self._started is None:
                 self._started = now
             stamped = report.model_copy(update={"started_at": self._started, "reported_at": now})
             pipe = self.client.pipeline(transaction=False)
             pipe.set(report_key(self.member), stamped.model_dump_json(), px=int(self._ttl * 1000))
-            pipe.zadd(FLEET_KEY, {self.member: now + self._ttl})
-            pipe.zremrangebyscore(FLEET_KEY, "-inf", now)  # the dead leave the index
-            pipe.pexpire(FLEET_KEY, int(self._ttl * 3000))  # and the index leaves with the last
+            renew_member(pipe, FLEET_KEY, self.member, now, self._ttl)
             pipe.execute()
             return stamped
 
@@ -293,18 +286,14 @@ class FleetReporter:
                 log.warning("could not withdraw the fleet report (it expires anyway): %s", exc)
 
 
-def _text(member: bytes | str) -> str:
-    return member.decode() if isinstance(member, bytes) else member
-
-
 def read_fleet_at(client: redis.Redis) -> tuple[float, list[FleetReport]]:
     """Redis server time and the live members' reports, by member (two round trips)."""
     pipe = client.pipeline(transaction=False)
     pipe.time()
     pipe.zrange(FLEET_KEY, 0, -1, withscores=True)
     time_reply, indexed = pipe.execute()
-    now = _server_now(time_reply)
-    members = sorted(_text(m) for m, expires in indexed if expires > now)
+    now = server_now(time_reply)
+    members = live_members(indexed, now)
     if not members:
         return now, []
     raws = cast(list[bytes | None], client.mget([report_key(m) for m in members]))
