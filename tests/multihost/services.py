@@ -21,15 +21,15 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import psycopg
 import redis
 import yaml
 from netns import HOSTS, LAB, Network
+from processes import Proc, wait_for
 
 __all__ = ["FakeLLM", "Hosts", "Proc", "ServiceMissing", "Worker", "wait_for"]
 
@@ -48,23 +48,9 @@ COORDINATOR_QUEUE = "ongrid.coordinator"
 #: Inherited variables that would point a process at the test machine's services or keys.
 _DROPPED = ("ONGRID_", "OPENAI_", "ANTHROPIC_", "REDIS_", "LITELLM_", "CELERY", "FAKE_")
 
-T = TypeVar("T")
-
 
 class ServiceMissing(RuntimeError):
     """A program the ctl host needs (redis-server, PostgreSQL, runuser) is not installed."""
-
-
-def wait_for(predicate: Callable[[], T], timeout: float, what: str, every: float = 0.1) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` at deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 def _program(name: str, *candidates: str) -> str:
@@ -90,41 +76,9 @@ def _postgres_bin() -> Path:
 # -- processes ---------------------------------------------------------------------------------
 
 
-class Proc:
-    """One process, in its own process group, its output in ``logs/<name>-….log`` under
-    ``cwd``."""
-
-    def __init__(self, name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
-        self.name = name
-        self.log_path = cwd / "logs" / f"{name}-{time.monotonic_ns()}.log"
-        self.log_path.parent.mkdir(exist_ok=True)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def assert_alive(self) -> None:
-        """Fail, with the log, if the process has exited."""
-        if not self.alive():
-            raise AssertionError(
-                f"{self.name} exited ({self.proc.returncode}):\n{self.log()[-4000:]}"
-            )
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: no shutdown, leases left to expire."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
+class HostProc(Proc):
+    """A process on a host: stopped as a whole process group (``ip netns exec`` runs the program
+    in the group it leads, and PostgreSQL's children must go with it)."""
 
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the process group, as an orchestrator stops a process; SIGKILL if it hangs."""
@@ -136,7 +90,7 @@ class Proc:
         self.kill()  # whatever else the group still holds
 
 
-class Worker(Proc):
+class Worker(HostProc):
     """One ``python -m coordinator worker`` process on a host."""
 
     def __init__(
@@ -310,7 +264,7 @@ class Hosts:
         config.chmod(0o600)
 
     def _spawn(self, host: str, name: str, argv: list[str], env: dict[str, str]) -> Proc:
-        proc = Proc(name, self.network.argv(host, argv), self.dir(host), env)
+        proc = HostProc(name, self.network.argv(host, argv), self.dir(host), env)
         self.procs.append(proc)
         return proc
 
