@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from coordinator.api import agents, approvals, chat, health, me, plugins, skills, spawns, workers
 from coordinator.api.console import install_console
 from coordinator.api.deps import Services
+from coordinator.api._headers import FramingHeadersMiddleware
 from coordinator.api.docs import install_docs
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
 from coordinator.api.metrics import install_metrics
@@ -136,6 +137,8 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     # Outermost: requests the body limit refuses are counted and traced too.
     scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)
+    # Outside even the metrics: no response leaves without its framing headers (errors too).
+    app.add_middleware(FramingHeadersMiddleware)
     for module in (me, chat, spawns, agents, skills, plugins, workers, health):
         app.include_router(module.router)
     app.include_router(approvals.router)

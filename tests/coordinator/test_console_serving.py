@@ -256,3 +256,28 @@ def test_a_dist_without_its_page_is_no_build(serve: Serve, dist: Path):
     with serve(dist) as api:
         assert api.http.get("/chat").status_code == 503
         assert api.http.get("/assets/app.js").status_code == 503
+
+
+def test_no_page_of_the_api_may_be_framed(serve: Serve, dist: Path):
+    """The interactive docs, the schema, errors and probes carry the framing headers too; the
+    console keeps its own stricter policy."""
+    with serve(dist) as api:
+        for path, status in [
+            ("/docs", 200),
+            ("/redoc", 200),
+            ("/docs/oauth2-redirect", 200),
+            ("/openapi.json", 200),
+            ("/healthz", 200),
+            ("/api/v1/agents", 401),
+            ("/no/such/page", 404),
+        ]:
+            answer = api.http.get(path)
+            assert answer.status_code == status, (path, answer.text[:200])
+            assert answer.headers["x-frame-options"] == "DENY", path
+            assert answer.headers["content-security-policy"] == "frame-ancestors 'none'", path
+            assert answer.headers["x-content-type-options"] == "nosniff", path
+        assert_secured(api.http.get("/").headers)
+        stream = api.http.get(
+            "/api/v1/approvals/events?until_idle=0.2", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert stream.status_code == 200 and stream.headers["x-frame-options"] == "DENY"
