@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from marketplace._files import check_tree
+from marketplace.formats import MAX_NAME, NAME
 from marketplace.layer import CURRENT_LINK, PLUGINS_DIR
 from marketplace.model import MAX_BUNDLE_BYTES, MAX_BUNDLE_FILES, MAX_FILE_BYTES, BundleError
 from registry.errors import UserError
@@ -145,8 +146,16 @@ def pack(directory: Path) -> Archive:
 def sync_installed(root: Path, source: PluginSource) -> SyncResult:
     """Make ``root``'s installed plugins those ``source`` lists. Never raises for one plugin;
     raises when ``source`` cannot be read at all (the caller keeps what the root holds)."""
-    wanted = {p.name: p for p in source.published()}
     result = SyncResult()
+    wanted: dict[str, Published] = {}
+    for plugin in source.published():
+        # A name from the database is checked as an install checks it before it becomes a
+        # path: a row named '../../x' must not write outside the root.
+        problem = _bad_name(plugin.name)
+        if problem:
+            result.problems.append((plugin.name[:80], problem))
+        else:
+            wanted[plugin.name] = plugin
     base = root / PLUGINS_DIR
     if not wanted and not base.is_dir():
         return result  # nothing installed anywhere: not even the lock file is made
@@ -183,6 +192,13 @@ def sync_installed(root: Path, source: PluginSource) -> SyncResult:
     for name in result.removed:
         log.info("plugin %s removed from %s: it is no longer installed", name, root)
     return result
+
+
+def _bad_name(name: str) -> str:
+    """Why ``name`` (read from the database) is not a plugin name an install accepts, or ``""``."""
+    if len(name) > MAX_NAME or not NAME.match(name):
+        return f"its name {name[:80]!r} is not a valid plugin name: the database row is refused"
+    return ""
 
 
 def _current(home: Path) -> str | None:
@@ -229,22 +245,26 @@ def _unpack_plugin(root: Path, plugin: Published, source: PluginSource) -> None:
 
 
 def _extract(data: bytes, dest: Path) -> None:
-    """Unpack regular files only, counted against the bundle limits before one is written."""
+    """Unpack regular files only, counted against the bundle limits before one is written.
+
+    The headers are read one at a time and counted as they come: an archive of a million tiny
+    members is refused at member :data:`MAX_BUNDLE_FILES` + 1, never listed whole."""
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        members = tar.getmembers()
-        if len(members) > MAX_BUNDLE_FILES:
-            raise BundleError(f"{len(members)} files", f"more than {MAX_BUNDLE_FILES}")
+        members: list[tarfile.TarInfo] = []
         total = 0
-        for member in members:
+        while (member := tar.next()) is not None:
+            if len(members) == MAX_BUNDLE_FILES:
+                raise BundleError("the stored copy", f"holds more than {MAX_BUNDLE_FILES} files")
             if not member.isfile():
                 raise BundleError(member.name, "not a regular file")
             if member.size > MAX_FILE_BYTES:
                 raise BundleError(member.name, f"larger than {MAX_FILE_BYTES} bytes")
             total += member.size
-        if total > MAX_BUNDLE_BYTES:
-            raise BundleError(f"{total} bytes", f"more than {MAX_BUNDLE_BYTES} in all")
+            if total > MAX_BUNDLE_BYTES:
+                raise BundleError(f"{total} bytes", f"more than {MAX_BUNDLE_BYTES} in all")
+            members.append(member)
         # The "data" filter refuses absolute names, "..", links and devices, and drops modes
         # beyond the owner's: what a checked install could have written, nothing else.
-        tar.extractall(dest, filter="data")
+        tar.extractall(dest, members=members, filter="data")
     for folder in (p for p in dest.rglob("*") if p.is_dir()):
         os.chmod(folder, 0o755)  # the sandbox's user reads the copy, as an install's

@@ -6,6 +6,8 @@ worker's host) is made to match with :func:`sync_installed` from the same migrat
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import hashlib
 import io
 import re
@@ -20,6 +22,7 @@ from coordinator.plugin_manager import PluginManager
 from coordinator.storage.engine import make_engine, upgrade
 from coordinator.storage.plugins import InstalledRecord, PluginStore
 from marketplace.layer import CURRENT_LINK, PLUGINS_DIR, read_bundles
+from marketplace.model import MAX_BUNDLE_FILES
 from marketplace.replica import REPLICA_MARK, Archive, pack, sync_installed
 from registry.defaults import build_registry
 from registry.settings import Settings
@@ -215,3 +218,35 @@ def test_a_registry_with_the_database_unpacks_at_each_reload_and_a_dead_database
     snapshot = offline.snapshot()
     assert "ops:x" in snapshot.personas  # the copy this host holds
     assert any("could not be read from the database" in w.reason for w in snapshot.warnings)
+
+
+def test_a_copy_with_too_many_members_is_refused_without_reading_past_the_limit(
+    manager: PluginManager, store: PluginStore, worker_root: Path
+) -> None:
+    manager.install("ops@team")
+    record = store.plugin("ops")
+    assert record is not None
+    members = [(tarfile.TarInfo(f"agents/f{i}.md"), b"") for i in range(MAX_BUNDLE_FILES + 1)]
+    whole = _tar(*members, (tarfile.TarInfo("agents/last.md"), b"x" * 100_000))
+    # Cut short: an unpacker that listed every member before counting would fail on the cut
+    # (a read error) instead of refusing at the first member over the limit.
+    cut = gzip.compress(gzip.decompress(whole)[:-50_000])
+    _put_archive(store, record, cut, "9.9.9-many")
+    ((name, why),) = sync_installed(worker_root, store).problems
+    assert name == "ops" and f"more than {MAX_BUNDLE_FILES} files" in why, why
+    assert not (worker_root / PLUGINS_DIR / "ops").exists()
+
+
+def test_a_plugin_name_from_the_database_is_checked_before_it_becomes_a_path(
+    manager: PluginManager, store: PluginStore, worker_root: Path, tmp_path: Path
+) -> None:
+    manager.install("ops@team")
+    record = store.plugin("ops")
+    archive = store.archive("ops")
+    assert record is not None and archive is not None
+    store.put_plugin(dataclasses.replace(record, name="../../x"), archive)
+    result = sync_installed(worker_root, store)
+    assert result.unpacked == ["ops"]
+    ((name, why),) = result.problems
+    assert name == "../../x" and "not a valid plugin name" in why
+    assert not (tmp_path / "x").exists() and not (worker_root.parent / "x").exists()
