@@ -29,8 +29,12 @@ def _emit_json(data: Any) -> None:
 
 
 def _settings() -> Settings:
+    """The settings of a command: with no ``REDIS_URL``, the Redis ``ongrid up`` runs from this
+    directory, if it does (its URL holds a password, kept owner-only in the data directory)."""
+    from coordinator.local_auth import with_local_redis
+
     try:
-        return Settings.load()
+        return with_local_redis(Settings.load())
     except OngridError as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -618,11 +622,10 @@ def _watch_stranded(watch: Any, stop: Any) -> None:
 )
 @click.option(
     "--redis-port",
-    default=6379,
-    show_default=True,
+    default=None,
     type=click.IntRange(1, 65535),
-    help="When REDIS_URL is not set: the port on 127.0.0.1 where a running Redis is used, or "
-    "else the embedded one is started.",
+    help="When REDIS_URL is not set: the port on 127.0.0.1 of the password-protected Redis up "
+    "starts (default: the first free port from 6380).",
 )
 @click.option(
     "--demo/--no-demo",
@@ -631,10 +634,15 @@ def _watch_stranded(watch: Any, stop: Any) -> None:
     help="Run one spawn of disk_specialist once everything is up.",
 )
 def up(
-    workers: int, api_host: str, api_port: int, flower_port: int, redis_port: int, demo: bool
+    workers: int,
+    api_host: str,
+    api_port: int,
+    flower_port: int,
+    redis_port: int | None,
+    demo: bool,
 ) -> None:
-    """Start everything on this machine: Redis (the embedded one when none answers), worker
-    processes, Flower and the HTTP API; Ctrl-C stops it all.
+    """Start everything on this machine: Redis (its own, password-protected, unless REDIS_URL
+    names one), worker processes, Flower and the HTTP API; Ctrl-C stops it all.
 
     Ports and Redis are checked before anything starts. With no auth.tokens configured, a local
     admin token is made once (<data_dir>/local-admin-token, owner-only) and printed as the

