@@ -16,6 +16,11 @@ capped by what the coordinator has left when it is dispatched (nothing left: the
 refused and the coordinator stops with its partial answer), and what an awaited child spent is
 reported back with its result, to count in the coordinator's.
 
+How many specialists a coordinator dispatches is bounded (:attr:`BaseTool.call_limits`, enforced
+by the loop before any call of a reply runs): ``max_dispatches_per_reply`` calls of one model
+reply, ``max_dispatches_per_turn`` over the coordinator's turn; the calls beyond are answered with
+an error that says the bound and to dispatch fewer specialists at once.
+
 While it waits for a non-background child, a worker that shuts down makes the wait stop with
 :class:`~registry.errors.WorkerDraining`; the runtime then hands the coordinator back to its queue
 with this call still pending, and the next attempt re-attaches to the same child.
@@ -28,15 +33,31 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from registry.budget import CallLimits
 from registry.errors import OngridError
+from registry.settings import Settings
 from registry.tools import AGENT_TOOL_NAME, BaseTool, ToolClass, ToolContext, ToolResult
 from workers.budget import allowance_of, report_spent
 from workers.messages import Usage
 
-__all__ = ["SpawnAgentTool"]
+__all__ = ["SpawnAgentTool", "dispatch_limits"]
 
 #: How long the coordinator waits for a non-background specialist.
 WAIT_SECONDS = 3600.0
+#: What the coordinator is told to do instead of the dispatches a bound refused.
+DISPATCH_ADVICE = (
+    "Dispatch fewer specialists at once: wait for the ones already dispatched to report, then "
+    "dispatch another only if the question still needs it."
+)
+
+
+def dispatch_limits(settings: Settings) -> CallLimits:
+    """The bounds on ``spawn_agent`` calls: per model reply and per coordinator turn."""
+    return CallLimits(
+        per_reply=settings.max_dispatches_per_reply,
+        per_spawn=settings.max_dispatches_per_turn,
+        advice=DISPATCH_ADVICE,
+    )
 
 
 class SpawnAgentArgs(BaseModel):
@@ -68,9 +89,11 @@ class SpawnAgentTool(BaseTool):
     args_model = SpawnAgentArgs
     idempotent = True
 
-    def __init__(self, client_factory: Any) -> None:
-        """``client_factory(context) -> SpawnClient`` for the process the tool runs in."""
+    def __init__(self, client_factory: Any, limits: CallLimits | None = None) -> None:
+        """``client_factory(context) -> SpawnClient`` for the process the tool runs in;
+        ``limits``: the dispatch bounds (default: those of the default settings)."""
         self._client_for = client_factory
+        self.call_limits = limits if limits is not None else dispatch_limits(Settings())
 
     def run(self, arguments: BaseModel, context: ToolContext) -> ToolResult:
         args = SpawnAgentArgs.model_validate(arguments.model_dump())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from coordinator.agent_tool import SpawnAgentTool
+from coordinator.agent_tool import SpawnAgentTool, dispatch_limits
 from coordinator.catalog import COORDINATOR, coordinator_persona
 from registry.budget import Budget
 from registry.tools import ToolContext
@@ -42,7 +42,8 @@ def install(runtime: WorkerRuntime) -> None:
     """Register the coordinator persona and the AgentTool in this worker process."""
     if SpawnAgentTool.name in runtime.catalog:
         return
-    runtime.catalog.register(SpawnAgentTool(_client_for(runtime)))
+    tool = SpawnAgentTool(_client_for(runtime), dispatch_limits(runtime.settings))
+    runtime.catalog.register(tool)
     # Rendered once at start-up so the operator can read the catalog the coordinator will see
     # (``--loglevel=DEBUG``); each turn renders it again from its own snapshot.
     coordinator_persona(runtime.registry.snapshot(), model=runtime.settings.coordinator_model)

@@ -67,6 +67,9 @@ class ScriptExecutor:
     timeout_seconds: float
     #: Cap on each of stdout and stderr; a script that writes more is stopped.
     max_output_bytes: int
+    #: The tool declares the network and its plugin's install granted it: the script reaches
+    #: it through the worker's egress proxy only; otherwise it runs with no network at all.
+    network: bool = False
 
 
 @dataclass(frozen=True)

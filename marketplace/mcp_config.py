@@ -142,6 +142,9 @@ def _server(entry: Any, *, key: str, plugin: str, plugin_root: str) -> McpServer
             key=key,
             plugin=plugin,
             plugin_root=plugin_root,
+            # A plugin's server is bundle code: it runs in the worker's sandbox. The config
+            # file's are the administrator's own and run as they are.
+            sandboxed=bool(plugin),
         )
     if transport in _HTTP_TYPES:
         url = entry.get("url")

@@ -57,3 +57,11 @@ class McpServerConfig:
     plugin_root: str = ""
     #: Which plugin declared it; empty for the config file's servers.
     plugin: str = ""
+    #: Run confined (a stdio server of a plugin): the worker's sandbox, with its own PID, mount
+    #: and network namespaces, a read-only view and none of the worker's files.
+    sandboxed: bool = False
+    #: The install granted the plugin the network (through the worker's egress proxy, which
+    #: never reaches the runtime's own services).
+    network: bool = False
+    #: The install granted the plugin a writable directory of its own (``CLAUDE_PLUGIN_DATA``).
+    writable: bool = False

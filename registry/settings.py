@@ -16,13 +16,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from registry.budget import Budget
+from registry.budget import OrgBudget
 from registry.errors import UserError
 
 __all__ = [
     "DEFAULT_MARKETPLACE_ROOT",
     "LOCAL_ADMIN_USER",
     "LOCAL_TOKEN_ENV",
+    "ApiLimits",
     "RoleConfig",
     "Settings",
     "TokenGrant",
@@ -80,6 +81,8 @@ _ENV: dict[str, str] = {
     "ONGRID_METRICS_HOST": "metrics_host",
     "ONGRID_TOOL_TAPE": "tool_tape",
     "ONGRID_PLUGINS_ALLOW_NETWORK": "plugins_allow_network",
+    "ONGRID_MAX_DISPATCHES_PER_REPLY": "max_dispatches_per_reply",
+    "ONGRID_MAX_DISPATCHES_PER_TURN": "max_dispatches_per_turn",
     # OpenTelemetry's own name for it, which collectors and operators already set.
     "OTEL_EXPORTER_OTLP_ENDPOINT": "otlp_endpoint",
 }
@@ -156,6 +159,25 @@ def _default_roles() -> dict[str, RoleConfig]:
     }
 
 
+class ApiLimits(BaseModel):
+    """What one user, and one API process, may hold or start: past a bound the API answers 429
+    naming it. ``limits:`` in the config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Event streams (SSE) one user may hold open at once in one API process.
+    streams_per_user: int = Field(default=32, ge=1)
+    #: Event streams all users together may hold open in one API process.
+    streams_per_process: int = Field(default=4096, ge=1)
+    #: Chat turns (``POST /api/v1/chat``, ``…/messages``) one user may start per minute.
+    turns_per_minute: int = Field(default=30, ge=1)
+    #: Spawns one user's requests may start per minute (a turn's coordinator, and each
+    #: specialist it dispatches, count).
+    spawns_per_minute: int = Field(default=120, ge=1)
+    #: Chat sessions one user may keep.
+    sessions_per_user: int = Field(default=1000, ge=1)
+
+
 class Settings(BaseModel):
     """Everything configurable. Paths relative to the working directory stay relative."""
 
@@ -224,10 +246,10 @@ class Settings(BaseModel):
     model_retry_max_seconds: float = Field(default=30.0, ge=0)
     #: Longest run of one spawn attempt; past it the spawn is stopped and failed, saying so.
     spawn_time_limit_seconds: float = Field(default=6 * 3600, gt=0)
-    #: The organisation's default budget of every spawn (``budget:`` in the config file, e.g.
-    #: ``{max_tokens: 200000, max_cost_usd: 2}``); a persona's ``metadata.ongrid.budget`` and a
-    #: request's budget can only tighten it (see :mod:`workers.budget`).
-    budget: Budget = Field(default_factory=Budget)
+    #: The organisation's budget of every spawn: finite defaults (:class:`OrgBudget`) that
+    #: ``budget:`` in the config file replaces key by key (e.g. ``{max_cost_usd: 2}``); a
+    #: persona's ``metadata.ongrid.budget`` and a request's budget can only tighten it.
+    budget: OrgBudget = Field(default_factory=OrgBudget)
     #: Threads of a worker's pool for tool calls (blocking work, off the event loop): at most
     #: this many tool calls of the process run at once; the others wait for a thread.
     tool_threads: int = Field(default=64, ge=1, le=4096)
@@ -256,6 +278,20 @@ class Settings(BaseModel):
     #: MCP servers every worker starts besides those of installed plugins, shaped like
     #: ``.mcp.json``'s ``mcpServers`` (config file only); their tools are ``mcp__<name>__<tool>``.
     mcp_servers: dict[str, Any] = Field(default_factory=dict)
+    #: Variables of the worker's environment that ``${NAME}`` in an MCP server's config (the
+    #: config file's and plugins') may read; nothing else is expanded, and a secret-named
+    #: variable (``*_TOKEN``, ``*_API_KEY``, ``REDIS_URL``…) never is, listed or not.
+    mcp_env_allow: list[str] = Field(default_factory=list)
+    #: Hosts, addresses and CIDR ranges that bundle code granted the network may not reach,
+    #: besides those it never reaches (loopback, link-local, this host's own addresses, the
+    #: Redis and database of the runtime).
+    egress_deny: list[str] = Field(default_factory=list)
+    #: How many ``spawn_agent`` calls of one coordinator reply are dispatched (the rest are
+    #: answered with an error), and how many one coordinator turn may dispatch in all.
+    max_dispatches_per_reply: int = Field(default=4, ge=1, le=100)
+    max_dispatches_per_turn: int = Field(default=16, ge=1, le=1000)
+    #: Per-user and per-process bounds of the HTTP API (see :class:`ApiLimits`).
+    limits: ApiLimits = Field(default_factory=lambda: ApiLimits())
     #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as
     #: the owner: everyone's). Deciding also needs a role with ``approve``.
     approvers: dict[str, list[str]] = Field(default_factory=dict)

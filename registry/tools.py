@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from registry.budget import CallLimits
 from registry.errors import NotFoundError, ToolArgumentError
 from registry.template import walk_json
 
@@ -102,6 +103,9 @@ class BaseTool(ABC):
     #: Safe to run again with the same call id after a crash (the loop re-runs it rather than
     #: reporting "outcome unknown"). Only tools that make repeats harmless set this.
     idempotent: bool = False
+    #: How many calls of this tool the loop runs per model reply and per spawn; the others get
+    #: an error result (``spawn_agent``: the dispatch bounds). ``None``: no bound.
+    call_limits: CallLimits | None = None
     #: Settings the tool cannot work without (fields of ``registry.settings.Settings``, or
     #: ``extra`` keys): while one is unset the tool answers "not configured", and
     #: ``ongrid agents lint`` names it for every persona whose bag holds the tool.

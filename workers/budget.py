@@ -1,11 +1,14 @@
 """Per-spawn budgets: resolving the limits a spawn runs within, counting what it spends, and
 stopping it with its best partial answer once it reaches one.
 
-**Resolution.** A spawn's limits are the tightest of the organisation's defaults
-(``Settings.budget``), its persona's ``metadata.ongrid.budget``, the request's budget, and, for
-a specialist a coordinator dispatched, what the coordinator had left at the dispatch
-(:func:`effective`). They are resolved once, at the first attempt, and kept on the spawn's
-record (:class:`SpawnBudget`), so a resumed attempt runs within the same limits.
+**Resolution.** A spawn's limits are the tightest of the organisation's budget
+(``Settings.budget``, finite by default: :class:`~registry.budget.OrgBudget`), its persona's
+``metadata.ongrid.budget``, the request's budget, and, for a specialist a coordinator
+dispatched, what the coordinator had left at the dispatch (:func:`effective`). Every spawn goes
+through it: a direct spawn, a coordinator turn, each specialist it dispatches (background ones
+included). They are resolved once, at the first attempt, and kept on the spawn's record
+(:class:`SpawnBudget`), so a resumed attempt runs within the same limits; only a limit the first
+attempt left unset is taken from the organisation's at a resume (:meth:`SpawnBudget.resolve`).
 
 **Spending.** What a spawn has spent (:class:`Spent`) is its model usage (tokens, cost), the
 tool calls it ran, and its running seconds, plus the tokens, cost and tool calls of the
@@ -159,9 +162,20 @@ class SpawnBudget(BaseModel):
     reached: Reached | None = None
 
     def resolve(self, org: Budget, persona: Budget | None) -> Budget:
-        """The limits, resolved now if this is the spawn's first attempt."""
+        """The limits, resolved now if this is the spawn's first attempt.
+
+        A resumed attempt keeps the limits of the first, except that a limit left unset there
+        takes the organisation's now: a spawn resolved before the organisation had a default
+        (a record from an earlier version, parked for a person's decision) does not resume
+        unbounded.
+        """
         if self.limits is None:
             self.limits = effective(org, persona, self.requested, self.inherited)
+        else:
+            unset = {name for name in Budget.model_fields if getattr(self.limits, name) is None}
+            if any(getattr(org, name) is not None for name in unset):
+                fill = Budget(**{name: getattr(org, name) for name in unset})
+                self.limits = tightest(self.limits, fill)
         return self.limits
 
     def total(self, usage: Usage, seconds: float | None = None) -> Spent:

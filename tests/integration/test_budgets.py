@@ -33,8 +33,19 @@ SUMMARY = "Partial: db1 answers its probes; db2 was not checked before the budge
 COORDINATOR_MARK = "You are Ongrid's coordinator"
 
 
-#: The limits a budget of only ``max_tool_calls`` leaves unset.
-_OTHERS = ("max_tokens", "max_cost_usd", "max_seconds")
+#: The organisation's budget when the config file sets none (``OrgBudget``): every limit a
+#: request or persona leaves unset comes from here.
+ORG = {
+    "max_tokens": 5_000_000,
+    "max_cost_usd": None,
+    "max_seconds": 14_400.0,
+    "max_tool_calls": 400,
+}
+
+
+def org(**limits: Any) -> Budget:
+    """The organisation's default budget, tightened by ``limits``."""
+    return Budget(**{**ORG, **limits})
 
 
 def summary_rule(content: str = SUMMARY, **rule: Any) -> dict[str, Any]:
@@ -112,7 +123,7 @@ def test_the_tool_call_budget_of_a_chat_request_stops_the_spawn(cluster: Cluster
     done = cluster.client.store.get(note["spawn_id"])
     assert done is not None
     assert done.budget.requested == Budget(max_tool_calls=2)
-    assert done.budget.limits == Budget(max_tool_calls=2)
+    assert done.budget.limits == org(max_tool_calls=2)
     assert_stopped_at(cluster, done, "tool_calls", SUMMARY)
     assert "(2 tool calls of max_tool_calls=2)" in note["message"]
     # Two calls ran; the model was not called a third time with tools.
@@ -120,7 +131,7 @@ def test_the_tool_call_budget_of_a_chat_request_stops_the_spawn(cluster: Cluster
     assert done.budget.tool_calls == 2
     assert [bool(r.get("tools")) for r in cluster.fake.requests()] == [True, True, False]
     transcript = api.http.get(f"/api/v1/spawns/{done.spawn_id}").json()
-    assert transcript["budget"]["limits"] == {"max_tool_calls": 2, **dict.fromkeys(_OTHERS)}
+    assert transcript["budget"]["limits"] == {**ORG, "max_tool_calls": 2}
     assert transcript["budget"]["tool_calls"] == 2
     assert transcript["budget"]["reached"]["limit"] == "tool_calls"
 
@@ -139,7 +150,7 @@ def test_the_token_budget_of_a_persona_stops_the_spawn(cluster: Cluster):
     done = cluster.client.wait(record.spawn_id, timeout=60)
 
     assert_stopped_at(cluster, done, "tokens", SUMMARY)
-    assert done.budget.limits == Budget(max_tokens=1)
+    assert done.budget.limits == org(max_tokens=1)
     # The first reply asked for a tool; by then the tokens were spent: it never ran.
     assert cluster.tool_runs() == []
     assert done.state is not None
@@ -172,7 +183,8 @@ def test_the_organisation_time_budget_cuts_off_a_slow_model_call(cluster: Cluste
     done = cluster.client.wait(record.spawn_id, timeout=60)
 
     assert_stopped_at(cluster, done, "time", SUMMARY)
-    assert done.budget.limits == Budget(max_seconds=3)
+    # The config file's budget replaces the defaults key by key: the others stand.
+    assert done.budget.limits == org(max_seconds=3)
     assert cluster.tool_runs() == []
     assert done.budget.reached is not None and done.budget.reached.spent >= 3
 
@@ -211,9 +223,13 @@ def test_a_coordinator_budget_covers_the_specialist_it_dispatches(cluster: Clust
     assert_stopped_at(cluster, done, "tool_calls", answer)
     child = cluster.client.store.get(child_spawn_id(turn.spawn_id, "call_0_0"))
     assert child is not None
-    # The dispatch was the coordinator's first tool call: two were left for the child.
-    assert child.budget.inherited == Budget(max_tool_calls=2)
-    assert child.budget.limits == Budget(max_tool_calls=2)
+    # The dispatch was the coordinator's first tool call: two were left for the child, and
+    # what was left of the organisation's tokens and seconds.
+    inherited = child.budget.inherited
+    assert inherited.max_tool_calls == 2 and inherited.max_cost_usd is None
+    assert inherited.max_tokens is not None and 0 < inherited.max_tokens < ORG["max_tokens"]
+    assert inherited.max_seconds is not None and 0 < inherited.max_seconds < ORG["max_seconds"]
+    assert child.budget.limits == inherited
     assert_stopped_at(cluster, child, "tool_calls", child_summary)
     assert cluster.tool_runs() == ["count_probe", "count_probe"]
     # The child's spend counts in the coordinator's: its one call and the child's two.

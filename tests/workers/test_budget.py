@@ -136,19 +136,64 @@ def test_a_spawn_budget_is_resolved_once_and_sums_its_children() -> None:
 # -- where budgets come from --------------------------------------------------------------------
 
 
-def test_the_organisation_default_comes_from_the_config_file(tmp_path: Path) -> None:
+#: The organisation's budget when the config file says nothing (see ``OrgBudget``).
+ORG_DEFAULT = {"max_tokens": 5_000_000, "max_seconds": 14_400.0, "max_tool_calls": 400}
+
+
+def test_the_organisation_budget_is_finite_by_default() -> None:
+    default = Settings.load(environ={}).budget
+    assert default.model_dump() == {**ORG_DEFAULT, "max_cost_usd": None}
+    assert not default.unlimited
+    # Below the hard limit of one attempt: a long spawn stops with its partial answer first.
+    assert default.max_seconds is not None
+    assert default.max_seconds < Settings().spawn_time_limit_seconds
+    # Budget given in code sets only its own limits; the defaults stand for the rest.
+    assert Settings(budget=Budget(max_tool_calls=3)).budget.model_dump() == {
+        **ORG_DEFAULT,
+        "max_tool_calls": 3,
+        "max_cost_usd": None,
+    }
+
+
+def test_the_config_file_replaces_the_organisation_defaults_key_by_key(tmp_path: Path) -> None:
     config = tmp_path / "ongrid.yaml"
-    config.write_text("budget:\n  max_tokens: 200000\n  max_cost_usd: 2.5\n", encoding="utf-8")
+    config.write_text(
+        "budget:\n  max_tokens: 200000\n  max_cost_usd: 2.5\n  max_seconds: 100000\n",
+        encoding="utf-8",
+    )
 
     settings = Settings.load(environ={"ONGRID_CONFIG": str(config)})
 
-    assert settings.budget == Budget(max_tokens=200_000, max_cost_usd=2.5)
-    assert Settings.load(environ={}).budget == Budget()
-    config.write_text("budget:\n  max_tool_calls: 0\n", encoding="utf-8")
-    with pytest.raises(UserError) as info:
-        Settings.load(environ={"ONGRID_CONFIG": str(config)})
-    assert f"(from {config})" in str(info.value)
-    assert "budget.max_tool_calls: Input should be greater than 0" in str(info.value)
+    # Given keys replace the default (a larger number lifts it); max_tool_calls keeps its own.
+    assert settings.budget.model_dump() == {
+        "max_tokens": 200_000,
+        "max_cost_usd": 2.5,
+        "max_seconds": 100_000.0,
+        "max_tool_calls": 400,
+    }
+    for bad, problem in (
+        ("max_tool_calls: 0", "budget.max_tool_calls: Input should be greater than 0"),
+        ("max_tokens:", "budget.max_tokens: Value error, null is not a limit: leave the key out"),
+        ("max_seconds: null", "or give a larger number to lift it"),
+        ("max_turns: 3", "budget.max_turns: Extra inputs are not permitted"),
+    ):
+        config.write_text(f"budget:\n  {bad}\n", encoding="utf-8")
+        with pytest.raises(UserError) as info:
+            Settings.load(environ={"ONGRID_CONFIG": str(config)})
+        assert f"(from {config})" in str(info.value)
+        assert problem in str(info.value)
+
+
+def test_a_resumed_spawn_resolved_without_a_limit_takes_the_organisations() -> None:
+    """A record resolved while the organisation had no default (an earlier version) resumes
+    within today's: only its unset limits are filled, its own are kept."""
+    record = SpawnBudget(limits=Budget(max_tool_calls=7))
+    org = Settings().budget
+
+    assert record.resolve(org, None) == Budget(
+        max_tokens=5_000_000, max_seconds=14_400, max_tool_calls=7
+    )
+    assert record.resolve(Budget(), None) == record.limits  # nothing more to fill
 
 
 PERSONA = """\

@@ -11,11 +11,20 @@ from typing import Any
 
 import pytest
 
+from registry.budget import CallLimits
 from registry.persona import PermissionMode, Persona
 from registry.policy import ToolBag, resolve_bag
 from registry.tools import ToolCatalog, ToolClass, ToolContext, function_tool
 from workers.demo_model import _BANNER, DemoModel
-from workers.loop import Approval, LoopSetup, LoopState, Outcome, approval_hash, run_loop
+from workers.loop import (
+    Approval,
+    LoopSetup,
+    LoopState,
+    Outcome,
+    approval_hash,
+    over_limits,
+    run_loop,
+)
 from workers.messages import (
     ConfirmationRequired,
     Event,
@@ -26,7 +35,7 @@ from workers.messages import (
     ToolResultEvent,
     Usage,
 )
-from workers.model import Model, ModelReply, ModelRequest, ToolSpec
+from workers.model import Model, ModelError, ModelReply, ModelRequest, ToolSpec
 from workers.testing.scripted_model import (
     ScriptedModel,
     call,
@@ -851,3 +860,118 @@ def test_demo_model_with_an_empty_bag_answers_at_once() -> None:
     assert outcome.text.startswith(_BANNER)
     assert "no evidence" in outcome.text
     assert run.of(ToolCallEvent) == []
+
+
+# --- call limits ---------------------------------------------------------------------------------
+
+ADVICE = "Dispatch fewer at once."
+
+
+def bounded_run(per_reply: int, per_spawn: int) -> tuple[Run, list[str]]:
+    """A run over one read tool, ``dispatch``, bounded per reply and per spawn; the list logs
+    the targets it ran for."""
+    ran: list[str] = []
+
+    @function_tool(ToolClass.READ)
+    def dispatch(target: str) -> str:
+        """Send someone to look at a target."""
+        ran.append(target)
+        return f"{target} checked"
+
+    dispatch.call_limits = CallLimits(per_reply=per_reply, per_spawn=per_spawn, advice=ADVICE)
+    persona = Persona(name="t", description="d", when_to_use="w")
+    return Run(resolve_bag(persona, ToolCatalog([dispatch]), ["*"])), ran
+
+
+def dispatches(*targets: str) -> Any:
+    return tool_calls(*(call("dispatch", target=t) for t in targets))
+
+
+def test_calls_beyond_the_per_reply_bound_are_answered_with_errors_and_never_run() -> None:
+    run, ran = bounded_run(per_reply=2, per_spawn=3)
+    model = ScriptedModel([dispatches("a", "b", "c", "d", "e"), dispatches("f", "g", "h"), "ok"])
+
+    outcome, state = run(model)
+
+    model.assert_done()
+    assert outcome.kind == "final"
+    # Reply 1: the first two run; reply 2: one more reaches the spawn's three.
+    assert sorted(ran) == ["a", "b", "f"]
+    results = [(r.call_id, r.is_error, r.content) for r in run.results()]
+    per_reply = (
+        "not run: only the first 2 dispatch calls of one reply run, and this reply made {}. "
+        + ADVICE
+    )
+    per_spawn = (
+        "not run: dispatch runs at most 3 times in one task, and all 3 have run. Go on with "
+        f"what they returned. {ADVICE}"
+    )
+    assert results == [
+        ("call_1_0", False, "a checked"),
+        ("call_1_1", False, "b checked"),
+        ("call_1_2", True, per_reply.format(5)),
+        ("call_1_3", True, per_reply.format(5)),
+        ("call_1_4", True, per_reply.format(5)),
+        ("call_2_0", False, "f checked"),
+        ("call_2_1", True, per_spawn),
+        ("call_2_2", True, per_reply.format(3)),
+    ]
+    # The model got every result, in its order; refused calls were never marked started.
+    assert [m.tool_call_id for m in tool_messages(state)] == [c for c, _, _ in results]
+    assert state.started == ["call_1_0", "call_1_1", "call_2_0"]
+    assert state.failed_calls == [c for c, error, _ in results if error]
+    # The three refusals of reply 1 are answered together, in one checkpoint, after the two
+    # admitted calls ran together (one write-ahead mark, one result checkpoint).
+    assert [describe(s)[2] for s in run.saved[:4]] == [
+        [f"call_1_{i}" for i in range(5)],
+        [f"call_1_{i}" for i in range(5)],
+        ["call_1_2", "call_1_3", "call_1_4"],
+        [],
+    ]
+
+
+def test_a_resumed_attempt_keeps_the_per_spawn_count_and_reruns_nothing() -> None:
+    first, ran = bounded_run(per_reply=2, per_spawn=3)
+    error = ModelError("test/scripted", "overloaded", status=529, retryable=True)
+    with pytest.raises(ModelError):
+        first(ScriptedModel([dispatches("a", "b", "c"), fail(error)]))
+    assert sorted(ran) == ["a", "b"]
+    saved = first.saved[-1]  # the results of reply 1, then the worker was lost
+
+    # A new attempt (a new process: nothing but the checkpoint) with the same bounds.
+    again, ran_again = bounded_run(per_reply=2, per_spawn=3)
+    model = ScriptedModel([dispatches("d", "e"), "ok"])
+    outcome, state = again(model, saved.model_copy(deep=True))
+
+    assert outcome.kind == "final" and ran_again == ["d"]  # a and b counted, c refused: 1 left
+    assert [r.is_error for r in again.results()] == [False, True]
+    assert "at most 3 times in one task" in state.messages[-2].content
+
+    # Resumed from the reply's own checkpoint, with the write-ahead mark of its first call:
+    # that call is counted (it may have run) and reported interrupted, the second runs, the
+    # third is still refused, and nothing runs twice.
+    mid = first.saved[0].model_copy(deep=True)
+    mid.started = ["call_1_0"]
+    resumed, ran_resumed = bounded_run(per_reply=2, per_spawn=3)
+    outcome, state = resumed(ScriptedModel(["ok"]), mid)
+    assert outcome.kind == "final" and ran_resumed == ["b"]
+    results = {r.call_id: r for r in resumed.results()}
+    assert results["call_1_0"].content.startswith("interrupted:")
+    assert results["call_1_1"].content == "b checked"
+    assert results["call_1_2"].content.startswith("not run: only the first 2 dispatch calls")
+
+
+def test_over_limits_is_worked_out_from_the_messages_alone() -> None:
+    run, _ = bounded_run(per_reply=1, per_spawn=2)
+    reply = Message(
+        role="assistant",
+        tool_calls=[
+            call("dispatch", target="a", call_id="x1"),
+            call("unbounded_or_unknown", call_id="x2"),
+            call("dispatch", target="b", call_id="x3"),
+        ],
+    )
+    assert set(over_limits([reply], run.bag)) == {"x3"}
+    # A call already started is never refused afterwards, whatever the bound says now.
+    assert over_limits([reply], run.bag, started={"x3"}) == {}
+    assert over_limits([reply, reply], run.bag) == {"x3": over_limits([reply], run.bag)["x3"]}
