@@ -41,7 +41,7 @@ CLEAN_PATH = "/usr/local/bin:/usr/bin:/bin"
 DEFAULT_OUTPUT_BYTES = 64 * 1024
 #: One token per match: ``{{`` or ``}}`` (an escaped brace), ``{name}``, or a stray brace.
 _BRACES = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
-#: ``${VAR}`` in a header value: read from the worker's environment at call time.
+#: ``${VAR}`` in a header value: a skill secret (``ONGRID_SKILL_*``), read at call time.
 _ENV_REFERENCE = re.compile(r"\$\{([^}]*)\}")
 #: A script's background processes get this long to let go of its pipes once it is killed.
 _DRAIN_SECONDS = 2.0
@@ -79,7 +79,7 @@ class HttpExecutor:
     method: str
     #: ``{param}`` placeholders in the path and query only, percent-encoded when filled.
     url: str
-    #: Fixed values; ``${ONGRID_SKILL_*}`` references are read from the worker's environment.
+    #: Fixed values; ``${ONGRID_SKILL_*}`` references are read from the worker's skill secrets.
     headers: Mapping[str, str] = field(default_factory=dict)
     #: A JSON template: strings may hold placeholders; ``"{param}"`` alone keeps the JSON type.
     body: Any = None
@@ -276,15 +276,19 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
 
 
-def _headers(name: str, ex: HttpExecutor) -> dict[str, str]:
-    """The headers with ``${ONGRID_SKILL_*}`` read from the worker's environment (at call time:
-    nothing is read at import), :class:`_BadHeader` naming a variable that is not set."""
+def _headers(name: str, ex: HttpExecutor, secrets: Mapping[str, str]) -> dict[str, str]:
+    """The headers with ``${ONGRID_SKILL_*}`` read from ``secrets``, the skill secrets the worker
+    took out of its environment when it hardened (at call time: nothing is read at import),
+    :class:`_BadHeader` naming a variable that is not set."""
     out = {}
     for key, value in ex.headers.items():
-        missing = [m for m in _ENV_REFERENCE.findall(value) if not os.environ.get(m)]
+        missing = [m for m in _ENV_REFERENCE.findall(value) if not secrets.get(m)]
         if missing:
-            raise _BadHeader(f"{name}: header {key} needs {missing[0]}, unset on this worker")
-        filled = _ENV_REFERENCE.sub(lambda m: os.environ[m.group(1)], value)
+            raise _BadHeader(
+                f"{name}: header {key} needs {missing[0]}, unset on this worker (set it in the "
+                "worker's environment: the worker keeps it for skill manifests only)"
+            )
+        filled = _ENV_REFERENCE.sub(lambda m: secrets[m.group(1)], value)
         if any(c in filled for c in "\r\n\0"):  # a value must not smuggle in another header
             raise _BadHeader(f"{name}: header {key} would hold a line break (check its variable)")
         out[key] = filled
@@ -304,11 +308,13 @@ def _read_body(response: Any, limit: int, deadline: float) -> tuple[bytes, bool]
     return bytes(body[:limit]), len(body) > limit
 
 
-def _run_http(name: str, ex: HttpExecutor, values: Mapping[str, Any]) -> ToolResult:
+def _run_http(
+    name: str, ex: HttpExecutor, values: Mapping[str, Any], secrets: Mapping[str, str]
+) -> ToolResult:
     url = _fill(ex.url, values, quote=lambda s: urllib.parse.quote(s, safe=""))
     origin = "{0.scheme}://{0.netloc}".format(urllib.parse.urlsplit(url))
     try:
-        headers = _headers(name, ex)
+        headers = _headers(name, ex, secrets)
     except _BadHeader as exc:
         return ToolResult(str(exc), is_error=True)
     data = None

@@ -15,15 +15,16 @@ import contextlib
 import os
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, TextIO
 
 from marketplace._mcp_tool import _list_tools
 from marketplace.mcp_config import check_url, expand
 from marketplace.model import McpServerConfig
+from registry.secret_names import is_secret, is_skill_secret
 
-__all__ = ["INHERITED_ENV", "STDERR_LINE_CHARS", "STDERR_LINES"]
+__all__ = ["INHERITED_ENV", "STDERR_LINE_CHARS", "STDERR_LINES", "expansion_env"]
 
 #: Lines of a stdio server's stderr kept for error messages, and how long one line may be.
 STDERR_LINES = 50
@@ -35,30 +36,67 @@ _HTTP_CONNECT_TIMEOUT = 30.0
 _HTTP_READ_TIMEOUT = 300.0
 
 
-def _resolve(config: McpServerConfig, environ: Mapping[str, str]) -> dict[str, Any]:
-    """The server's config with every ``${VAR}`` expanded (raises :class:`McpConfigError`)."""
-    env = dict(environ)
+def expansion_env(
+    config: McpServerConfig,
+    environ: Mapping[str, str],
+    allow: Collection[str],
+    secrets: Mapping[str, str],
+) -> dict[str, str]:
+    """What ``${VAR}`` in ``config`` may read: the variables ``allow`` lists (``mcp_env_allow``)
+    that are not secret-named, ``CLAUDE_PLUGIN_ROOT``, and for the config file's own servers
+    (no plugin) the skill secrets. A plugin's configuration never reads a secret: a bundle
+    could otherwise send the worker's model keys or database URL to a server of its choosing
+    (in a stdio server's environment, an HTTP server's URL or headers)."""
+    env = {k: environ[k] for k in allow if k in environ and not is_secret(k)}
+    if not config.plugin:
+        env.update(secrets)
     if config.plugin_root:
         env["CLAUDE_PLUGIN_ROOT"] = config.plugin_root
+    return env
+
+
+def _resolve(
+    config: McpServerConfig,
+    environ: Mapping[str, str],
+    allow: Collection[str] = (),
+    secrets: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The server's config with every ``${VAR}`` expanded from :func:`expansion_env` (raises
+    :class:`McpConfigError` naming a variable it may not read, or one unset)."""
+    env = expansion_env(config, environ, allow, secrets or {})
+    hint = _unset_hint(config)
     if config.transport == "http":
-        url = expand(config.url, env)
+        url = expand(config.url, env, hint)
         check_url(url)
-        headers = {k: expand(v, env) for k, v in config.headers.items()}
+        headers = {k: expand(v, env, hint) for k, v in config.headers.items()}
         # ``"Authorization": "${TOKEN:-}"`` with no token means "send none", not "send ''".
         return {"url": url, "headers": {k: v for k, v in headers.items() if v}}
     child = {k: environ[k] for k in INHERITED_ENV if k in environ}
     if config.plugin_root:
         child["CLAUDE_PLUGIN_ROOT"] = config.plugin_root
-    child.update({k: expand(v, env) for k, v in config.env.items()})
-    cwd = expand(config.cwd, env) if config.cwd else ""
+    child.update({k: expand(v, env, hint) for k, v in config.env.items()})
+    cwd = expand(config.cwd, env, hint) if config.cwd else ""
     if cwd and not os.path.isabs(cwd) and config.plugin_root:
         cwd = os.path.join(config.plugin_root, cwd)
     return {
-        "command": expand(config.command, env),
-        "args": [expand(a, env) for a in config.args],
+        "command": expand(config.command, env, hint),
+        "args": [expand(a, env, hint) for a in config.args],
         "env": child,
         "cwd": cwd or config.plugin_root or None,
     }
+
+
+def _unset_hint(config: McpServerConfig) -> Callable[[str], str]:
+    """Why a variable a configuration refers to has no value, in a few words."""
+
+    def why(name: str) -> str:
+        if is_skill_secret(name) and config.plugin:
+            return "skill secrets are for the config file's servers, never a plugin's"
+        if is_secret(name):
+            return "secret-named variables are never expanded in MCP server configurations"
+        return "or not listed in mcp_env_allow (ONGRID_MCP_ENV_ALLOW), the variables it may read"
+
+    return why
 
 
 async def _open_http(stack: AsyncExitStack, opened: dict[str, Any]) -> tuple[Any, Any]:

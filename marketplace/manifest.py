@@ -373,4 +373,4 @@ class ManifestTool(BaseTool):
         values = self.values(arguments)
         if isinstance(self.executor, ScriptExecutor):
             return _run_script(self.name, self.executor, values, context)
-        return _run_http(self.name, self.executor, values)
+        return _run_http(self.name, self.executor, values, context.secrets)

@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,9 +96,13 @@ class _Server:
 class McpHub:
     """Starts, supervises and calls the MCP servers of this process.
 
-    ``environ`` is the environment ``${VAR}`` references expand against and the source of the
-    few variables (:data:`~marketplace._mcp_connection.INHERITED_ENV`) a stdio server inherits
-    (default: this process's, copied now). ``start_timeout`` bounds a server's start (spawn,
+    ``environ`` is where the few variables a stdio server inherits
+    (:data:`~marketplace._mcp_connection.INHERITED_ENV`) and the values of ``${VAR}``
+    references come from (default: this process's, copied now); ``allow`` names the only
+    variables a reference may read (``mcp_env_allow``; a secret-named one never), and
+    ``secrets`` are the skill secrets (``ONGRID_SKILL_*``) the config file's servers may also
+    read, never a plugin's (:func:`~marketplace._mcp_connection._resolve` has the rules).
+    ``start_timeout`` bounds a server's start (spawn,
     ``initialize``, ``tools/list``) and is how long :meth:`reconcile` waits by default;
     ``call_timeout`` bounds each tool call. Every method may be called from any thread but the
     hub's own.
@@ -108,10 +112,14 @@ class McpHub:
         self,
         *,
         environ: Mapping[str, str] | None = None,
+        allow: Collection[str] = (),
+        secrets: Mapping[str, str] | None = None,
         start_timeout: float = 20.0,
         call_timeout: float = 120.0,
     ) -> None:
         self._environ = dict(os.environ if environ is None else environ)
+        self._allow = frozenset(allow)
+        self._secrets = dict(secrets or {})
         self._start_timeout = start_timeout
         self._call_timeout = call_timeout
         self._lock = threading.Lock()
@@ -286,7 +294,7 @@ class McpHub:
         from mcp.client.session import ClientSession
 
         try:
-            opened = _resolve(server.config, self._environ)
+            opened = _resolve(server.config, self._environ, self._allow, self._secrets)
         except McpConfigError as exc:
             return f"{exc}; it is not restarted until its configuration changes", False
         send, receive = anyio.create_memory_object_stream[str](16)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from marketplace.model import McpServerConfig
@@ -78,13 +78,14 @@ def parse_mcp_json(
     return servers, problems
 
 
-def expand(text: str, env: Mapping[str, str]) -> str:
+def expand(text: str, env: Mapping[str, str], why_unset: Callable[[str], str] | None = None) -> str:
     """``text`` with each ``${VAR}`` and ``${VAR:-default}`` replaced from ``env``.
 
     As in a POSIX shell, ``:-`` also takes the default when the variable is set but empty. An
-    unset variable without a default raises :class:`McpConfigError` naming it, since starting
-    a server with an empty token would only fail later with a vaguer message; so does a ``${``
-    that is not a well-formed reference. ``CLAUDE_PLUGIN_ROOT`` comes in ``env`` like the rest.
+    unset variable without a default raises :class:`McpConfigError` naming it (and
+    ``why_unset(name)``, when given, says why it may be), since starting a server with an empty
+    token would only fail later with a vaguer message; so does a ``${`` that is not a
+    well-formed reference. ``CLAUDE_PLUGIN_ROOT`` comes in ``env`` like the rest.
     """
     out: list[str] = []
     pos = 0
@@ -96,7 +97,8 @@ def expand(text: str, env: Mapping[str, str]) -> str:
         value = env.get(name)
         if value is None or (value == "" and default is not None):
             if default is None:
-                raise McpConfigError(f"${{{name}}} is not set")
+                reason = f" ({why_unset(name)})" if why_unset is not None else ""
+                raise McpConfigError(f"${{{name}}} is not set{reason}")
             value = default
         out.append(text[pos:start])
         out.append(value)

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from registry.budget import OrgBudget
 from registry.errors import UserError
+from registry.secret_names import is_secret
 
 __all__ = [
     "DEFAULT_MARKETPLACE_ROOT",
@@ -96,6 +98,8 @@ _ENV_LISTS: dict[str, str] = {
 _ENV_CSV: dict[str, str] = {
     "ONGRID_TOOL_MODULES": "tool_modules",
     "ONGRID_SANDBOX_GROUPS": "sandbox_groups",
+    "ONGRID_MCP_ENV_ALLOW": "mcp_env_allow",
+    "ONGRID_EGRESS_DENY": "egress_deny",
 }
 
 
@@ -299,6 +303,20 @@ class Settings(BaseModel):
     token_grants: dict[str, TokenGrant] = Field(default_factory=dict, repr=False)
     #: Free-form keys from the config file, checked by personas' ``metadata.requires.config``.
     extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("mcp_env_allow")
+    @classmethod
+    def _no_secret_allowed(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not a variable name")
+            if is_secret(name):
+                raise ValueError(
+                    f"{name} is secret-named: MCP server configurations never read secrets "
+                    "(the config file's servers may read skill secrets, ONGRID_SKILL_*, as "
+                    "${ONGRID_SKILL_…} without listing them)"
+                )
+        return names
 
     @property
     def agent_dirs(self) -> list[Path]:

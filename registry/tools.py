@@ -91,6 +91,9 @@ class ToolContext:
     #: Set when the worker running the spawn shuts down: a tool that waits (on a specialist)
     #: stops waiting and raises :class:`~registry.errors.WorkerDraining`.
     stopping: threading.Event = field(default_factory=threading.Event)
+    #: The skill secrets (``ONGRID_SKILL_*`` by name) the worker took out of its environment:
+    #: a skill manifest's HTTP header reads ``${ONGRID_SKILL_X}`` here, and nowhere else.
+    secrets: Mapping[str, str] = field(default_factory=dict)
 
 
 class BaseTool(ABC):

@@ -3,9 +3,11 @@
 * :func:`set_non_dumpable`: no other process of the same user may read this one's memory or
   ``/proc/<pid>/environ`` (nor attach a debugger); core dumps are off.
 * :func:`take_secrets`: secret-bearing variables leave ``os.environ`` (so no code that prints
-  the environment, and no child started without an explicit environment, carries them). Model
-  provider keys are kept in a :class:`ProviderCredentials`, which the litellm adapter passes to
-  each call explicitly.
+  the environment, and no child started without an explicit environment, carries them). They
+  are kept in a :class:`ProviderCredentials`: model provider keys, which the litellm adapter
+  passes to each call explicitly, and the skill secrets (``ONGRID_SKILL_*``), which the worker
+  hands to tools through their context (:meth:`ProviderCredentials.skill_secrets`): a skill
+  manifest's HTTP header reads them there, never from the environment.
 
 The settings object already holds the other secrets it needs (Redis and database URLs, the
 ClickHouse password, token digests). ``/proc/<pid>/environ`` shows the environment the process
@@ -18,19 +20,16 @@ import ctypes
 import ctypes.util
 import logging
 import os
-import re
 from collections.abc import Mapping, MutableMapping
+from types import MappingProxyType
+
+from registry.secret_names import is_secret, is_skill_secret
 
 __all__ = ["ProviderCredentials", "harden_process", "is_secret", "set_non_dumpable", "take_secrets"]
 
 log = logging.getLogger(__name__)
 
 _PR_SET_DUMPABLE = 4
-#: Variable names that hold secrets: keys, tokens, passwords, and URLs that may embed a password.
-_SECRET = re.compile(
-    r"(?i)(_API_KEY|_KEY_ID|_ACCESS_KEY|_TOKEN|_SECRET|_PASSWORD|_PASSWD|_CREDENTIALS?)$"
-    r"|^(REDIS_URL|ONGRID_DATABASE_URL|DATABASE_URL|CELERY_BROKER_URL|CELERY_RESULT_BACKEND)$"
-)
 #: Provider (litellm's name) → the variable holding its key, where it is not ``<NAME>_API_KEY``.
 _KEY_VARIABLE = {"together_ai": "TOGETHERAI_API_KEY"}
 #: Providers that sign with AWS credentials, and litellm's argument for each variable.
@@ -40,11 +39,6 @@ _AWS_ARGUMENTS = {
     "AWS_SECRET_ACCESS_KEY": "aws_secret_access_key",
     "AWS_SESSION_TOKEN": "aws_session_token",
 }
-
-
-def is_secret(name: str) -> bool:
-    """Whether an environment variable of this name is treated as a secret."""
-    return _SECRET.search(name) is not None
 
 
 class ProviderCredentials:
@@ -68,6 +62,10 @@ class ProviderCredentials:
         variable = _KEY_VARIABLE.get(provider, f"{provider.upper()}_API_KEY")
         key = self._values.get(variable)
         return {"api_key": key} if key else {}
+
+    def skill_secrets(self) -> Mapping[str, str]:
+        """The skill secrets (``ONGRID_SKILL_*``) by variable name, read-only."""
+        return MappingProxyType({k: v for k, v in self._values.items() if is_skill_secret(k)})
 
     def names(self) -> list[str]:
         return sorted(self._values)

@@ -251,7 +251,12 @@ class WorkerRuntime:
         if not servers and self.mcp is None:
             return
         if self.mcp is None:
-            self.mcp = McpHub()
+            # ${VAR} in a server's config reads only the variables mcp_env_allow lists (and,
+            # for the config file's own servers, the skill secrets): never the keys and URLs
+            # hardening took out of the environment.
+            self.mcp = McpHub(
+                allow=self.settings.mcp_env_allow, secrets=self.credentials.skill_secrets()
+            )
         hub = self.mcp
         hub.reconcile(servers, wait=None if wait else 0)
 
@@ -407,6 +412,7 @@ class WorkerRuntime:
                 context=record.context,
                 stopping=self.draining,
                 extras={SKILLS_EXTRA: skills},
+                secrets=self.credentials.skill_secrets(),
             ),
             # No tool call of this attempt starts once its lease may have passed to another.
             run_tool=fence.run_tool(self._run_tool),

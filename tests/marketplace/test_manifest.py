@@ -533,11 +533,11 @@ def test_http_get_percent_encodes_placeholders(bundle: Bundle, server: tuple[str
     assert query == {"path": ["a b/../&x=1#f"], "n": ["1"]}
 
 
-def test_http_post_fills_a_json_body_and_env_headers(
+def test_http_post_fills_a_json_body_and_secret_headers(
     bundle: Bundle, server: tuple[str, Seen], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base, seen = server
-    monkeypatch.setenv("ONGRID_SKILL_AGENT_TOKEN", "s3cret")
+    secrets = ToolContext(secrets={"ONGRID_SKILL_AGENT_TOKEN": "s3cret"})
     spec = http_tool(
         f"{base}/api/usage",
         method="POST",
@@ -545,7 +545,7 @@ def test_http_post_fills_a_json_body_and_env_headers(
         body={"path": "{path}", "n": "{count}", "note": "p={path} {{literal}}", "k": [True]},
     )
     [tool] = bundle.load([spec])
-    result = call(tool, path="/var", count=3)
+    result = call(tool, secrets, path="/var", count=3)
     assert not result.is_error, result.content
     request = seen.requests[0]
     assert request["method"] == "POST"
@@ -558,7 +558,8 @@ def test_http_post_fills_a_json_body_and_env_headers(
         "note": "p=/var {literal}",
         "k": [True],
     }
-    monkeypatch.delenv("ONGRID_SKILL_AGENT_TOKEN")
+    # The skill secrets are the worker's holder, never its environment (which hardening empties).
+    monkeypatch.setenv("ONGRID_SKILL_AGENT_TOKEN", "from-the-environment")
     result = call(tool, path="/var")
     assert result.is_error and "needs ONGRID_SKILL_AGENT_TOKEN, unset on this worker" in (
         result.content
@@ -685,11 +686,10 @@ def test_http_env_values_cannot_add_headers(
     bundle: Bundle, server: tuple[str, Seen], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     base, seen = server
-    monkeypatch.setenv("ONGRID_SKILL_TOKEN", "x\r\nX-Injected: 1")
     [tool] = bundle.load(
         [http_tool(f"{base}/x", headers={"Authorization": "${ONGRID_SKILL_TOKEN}"})]
     )
-    result = call(tool, path="x")
+    result = call(tool, ToolContext(secrets={"ONGRID_SKILL_TOKEN": "x\r\nX-Injected: 1"}), path="x")
     assert result.is_error and "would hold a line break" in result.content
     assert seen.requests == []
 

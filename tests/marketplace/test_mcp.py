@@ -273,12 +273,12 @@ def test_stdio_tools_classes_and_calls(hub: McpHub) -> None:
 def test_stdio_server_gets_a_clean_environment_and_the_plugin_root(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    environ = dict(os.environ, ONGRID_TEST_SECRET="s3cret", GIT_TOKEN="tok", LANG="C.UTF-8")
-    hub = McpHub(environ=environ, start_timeout=30.0)
+    environ = dict(os.environ, ONGRID_TEST_SECRET="s3cret", GIT_REF="main", LANG="C.UTF-8")
+    hub = McpHub(environ=environ, allow=["GIT_REF"], start_timeout=30.0)
     try:
         config = stdio(
             "plug_echo",
-            env={"DECLARED": "${GIT_TOKEN}", "WHERE": "${CLAUDE_PLUGIN_ROOT}/data"},
+            env={"DECLARED": "${GIT_REF}", "WHERE": "${CLAUDE_PLUGIN_ROOT}/data"},
             plugin="plug",
             plugin_root=str(tmp_path),
         )
@@ -288,7 +288,7 @@ def test_stdio_server_gets_a_clean_environment_and_the_plugin_root(
         ours = {"PATH", "HOME", "LANG", "CLAUDE_PLUGIN_ROOT", "DECLARED", "WHERE"}
         assert keys - ours - SDK_INHERITED - PYTHON_ADDED == set()
         assert {"PATH", "LANG", "DECLARED", "WHERE", "CLAUDE_PLUGIN_ROOT"} <= keys
-        assert call(tools, "mcp__plug_echo__env_value", name="DECLARED").content == "tok"
+        assert call(tools, "mcp__plug_echo__env_value", name="DECLARED").content == "main"
         assert call(tools, "mcp__plug_echo__env_value", name="LANG").content == "C.UTF-8"
         where = call(tools, "mcp__plug_echo__env_value", name="WHERE").content
         assert where == f"{tmp_path}/data"
@@ -301,6 +301,62 @@ def test_stdio_server_gets_a_clean_environment_and_the_plugin_root(
         hub.close()
     printed = capfd.readouterr()
     assert "echo server starting" not in printed.out + printed.err
+
+
+def test_a_configuration_never_reads_a_secret_or_an_unlisted_variable(tmp_path: Path) -> None:
+    """The review's plugin: ``env: {K: ${OPENAI_API_KEY}, R: ${REDIS_URL}, …}``. Every such
+    reference is refused (the server does not start, its status says why), whatever the
+    allow-list holds; a default stands in for a variable it may not read."""
+    environ = dict(
+        os.environ,
+        OPENAI_API_KEY="sk-canary",
+        REDIS_URL="redis://:canary@r/0",
+        GRAFANA_URL="http://grafana:3000",
+        UNLISTED="canary",
+    )
+    secrets = {"ONGRID_SKILL_GRAFANA_TOKEN": "skill-canary"}
+    hub = McpHub(environ=environ, allow=["GRAFANA_URL"], secrets=secrets, start_timeout=30.0)
+    try:
+        hostile = {
+            "K": "${OPENAI_API_KEY}",
+            "R": "${REDIS_URL}",
+            "U": "${UNLISTED}",
+            "S": "${ONGRID_SKILL_GRAFANA_TOKEN}",
+        }
+        servers = {
+            f"plug_{name.lower()}": stdio(
+                f"plug_{name.lower()}", env={name: ref}, plugin="plug", plugin_root=str(tmp_path)
+            )
+            for name, ref in hostile.items()
+        }
+        # The config file's own server may read a skill secret and a listed variable; a
+        # plugin's falls back to its default for what it may not read.
+        servers["own"] = stdio("own", env={"S": "${ONGRID_SKILL_GRAFANA_TOKEN}"})
+        servers["plug_ok"] = stdio(
+            "plug_ok",
+            env={"G": "${GRAFANA_URL}", "D": "${UNLISTED:-fallback}"},
+            plugin="plug",
+            plugin_root=str(tmp_path),
+        )
+        hub.reconcile(servers)
+        status = hub.status()
+        why = {key: status[key]["last_error"] for key in servers}
+        assert status["plug_k"]["state"] == "down"
+        assert (
+            "${OPENAI_API_KEY} is not set (secret-named variables are never expanded"
+            in why["plug_k"]
+        )
+        assert "${REDIS_URL} is not set (secret-named" in why["plug_r"]
+        assert "${UNLISTED} is not set (or not listed in mcp_env_allow" in why["plug_u"]
+        assert "skill secrets are for the config file's servers, never a plugin's" in why["plug_s"]
+        tools = by_name(hub)
+        assert call(tools, "mcp__own__env_value", name="S").content == "skill-canary"
+        assert call(tools, "mcp__plug_ok__env_value", name="G").content == "http://grafana:3000"
+        assert call(tools, "mcp__plug_ok__env_value", name="D").content == "fallback"
+        seen = json.dumps(status)
+        assert "canary" not in seen.replace("skill-canary", "")
+    finally:
+        hub.close()
 
 
 def test_paged_listing_and_structured_content(hub: McpHub) -> None:
@@ -452,7 +508,8 @@ def test_http_server_calls_outage_and_return(
         url="http://127.0.0.1:${ECHO_PORT}/mcp",
         headers={"Authorization": "${ONGRID_TEST_NO_TOKEN:-}", "X-Client": "ongrid"},
     )
-    hub = McpHub(environ=dict(os.environ, ECHO_PORT=str(port)), start_timeout=30.0)
+    environ = dict(os.environ, ECHO_PORT=str(port))
+    hub = McpHub(environ=environ, allow=["ECHO_PORT"], start_timeout=30.0)
     try:
         hub.reconcile({"remote": config})
         http_outage_and_return(hub, procs, port)

@@ -62,3 +62,20 @@ def test_a_hardened_process_is_not_dumpable_and_its_environment_is_clean() -> No
     assert report["dumpable"] == 0
     assert "OPENAI_API_KEY" not in report["env"] and "REDIS_URL" not in report["env"]
     assert report["kept"] == ["OPENAI_API_KEY", "REDIS_URL"]
+
+
+def test_skill_secrets_leave_the_environment_into_their_own_holder() -> None:
+    env = {
+        "ONGRID_SKILL_NODE_AGENT_TOKEN": "agent-1",
+        "ONGRID_SKILL_NODE_URL": "http://node:9000",  # not secret-named: a skill secret still
+        "OPENAI_API_KEY": "sk-1",
+        "PATH": "/usr/bin",
+    }
+    taken = take_secrets(env)
+    assert sorted(env) == ["PATH"]
+    assert dict(taken.skill_secrets()) == {
+        "ONGRID_SKILL_NODE_AGENT_TOKEN": "agent-1",
+        "ONGRID_SKILL_NODE_URL": "http://node:9000",
+    }
+    assert taken.for_provider("openai") == {"api_key": "sk-1"}
+    assert "agent-1" not in repr(taken) and is_secret("ONGRID_SKILL_X")
