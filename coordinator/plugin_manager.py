@@ -11,6 +11,13 @@ row is written after the swap; if that write fails the swap is undone.
 Every change ends with a registry reload broadcast, so every worker and API process sees the
 new personas, skills and tools at its next spawn. Operations on one marketplace root are
 serialised by a lock file.
+
+A plugin's tools and MCP servers are named after it (``<plugin>__<tool>``,
+``mcp__<plugin>__<server>__<tool>``), so no two plugins' names meet; an install whose names
+would still meet others' (two plugin names that differ only in characters a tool name cannot
+hold, a plugin named like a server of the config file, a tool named like one of the runtime's)
+is refused, naming them, before anything changes. What an install grants beyond its allowed
+mode — the network, a writable folder — is recorded with it and shown in its answer.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import re
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +55,7 @@ from marketplace.layer import (
     load_plugin,
     read_record,
 )
+from marketplace.mcp_config import SEPARATOR, plugin_prefix
 from marketplace.model import BundleError
 from marketplace.replica import STAGING_DIR, pack, point_current, root_lock
 from marketplace.sources import describe_source, materialize_marketplace, resolve_plugin_source
@@ -112,6 +120,17 @@ def _dir_name(version: str, content_hash: str) -> str:
 
 
 @dataclass(frozen=True)
+class _Grants:
+    """What an install allows the plugin: its personas' highest mode, its MCP servers, the
+    network, a writable folder."""
+
+    allow_mode: str
+    mcp: bool
+    network: bool
+    writable: bool
+
+
+@dataclass(frozen=True)
 class InstallOutcome:
     record: InstalledRecord
     plugin: LoadedPlugin
@@ -139,12 +158,18 @@ class PluginManager:
         broadcast: Callable[[], int],
         allow_network: bool = False,
         git_timeout: float = 120.0,
+        reserved_tools: Collection[str] = (),
+        config_servers: Collection[str] = (),
     ) -> None:
         self.root = Path(root)
         self.store = store
         self._broadcast = broadcast
         self.allow_network = allow_network
         self.git_timeout = git_timeout
+        #: The runtime's own tool names, and the config file's MCP servers: no plugin's name
+        #: may meet them.
+        self.reserved_tools = frozenset(reserved_tools)
+        self.config_servers = frozenset(config_servers)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -359,23 +384,33 @@ class PluginManager:
         *,
         allow_mode: str = PermissionMode.READ_ONLY.value,
         mcp: bool = True,
+        network: bool = False,
+        writable: bool = False,
         user: str = "",
     ) -> InstallOutcome:
-        """Install ``plugin@marketplace``; the same plugin installed again is an update."""
+        """Install ``plugin@marketplace``; the same plugin installed again is an update.
+        ``network`` and ``writable`` grant its bundle code the network (through the workers'
+        egress proxy) and its MCP servers a writable folder."""
         plugin, market_name = parse_plugin_ref(ref)
         try:
             PermissionMode(allow_mode)
         except ValueError:
             modes = ", ".join(m.value for m in PermissionMode)
             raise UserError(f"allow_mode: expected one of {modes}, got {allow_mode!r}") from None
+        if SEPARATOR in plugin:
+            raise UserError(
+                f"plugin {plugin!r} cannot be installed: its name holds {SEPARATOR!r}, which "
+                "separates a plugin's name from its tools' in tool names"
+            )
+        grants = _Grants(allow_mode, mcp, network, writable)
         with self._locked():
-            outcome = self._install(plugin, market_name, allow_mode=allow_mode, mcp=mcp, user=user)
+            outcome = self._install(plugin, market_name, grants, user=user)
         if outcome.changed:
             outcome = replace(outcome, version=self._announce(f"plugin {plugin!r} installed"))
         return outcome
 
     def _install(
-        self, plugin: str, market_name: str, *, allow_mode: str, mcp: bool, user: str
+        self, plugin: str, market_name: str, grants: _Grants, *, user: str
     ) -> InstallOutcome:
         record, market = self._market(market_name)
         entry = next((p for p in market.plugins if p.name == plugin), None)
@@ -414,18 +449,38 @@ class PluginManager:
                 source=describe_source(entry),
                 ref=resolved.ref or record.ref,
                 content_hash=content_hash,
-                allowed_mode=allow_mode,
-                mcp=mcp,
+                allowed_mode=grants.allow_mode,
+                mcp=grants.mcp,
+                network=grants.network,
+                writable=grants.writable,
                 installed_by=user,
                 installed_at=_now(),
                 entry=dict(entry.raw),
             )
             _write_record(staged, install)
             loaded = load_plugin(staged, install)[0]  # refuses a layout no reload could read
+            self._refuse_collisions(plugin, loaded)
             return self._commit(plugin, staged, install, loaded, existing)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             shutil.rmtree(staged, ignore_errors=True)
+
+    def _refuse_collisions(self, plugin: str, loaded: LoadedPlugin) -> None:
+        """:class:`Conflict` naming every name of ``plugin`` that another already holds."""
+        prefix = plugin_prefix(plugin)
+        clashes = [
+            f"plugin {other.name!r} (its tools and servers are named {prefix}__…)"
+            for other in self.store.plugins()
+            if other.name != plugin and plugin_prefix(other.name) == prefix
+        ]
+        if prefix in {plugin_prefix(s) for s in self.config_servers}:
+            clashes.append(f"the config file's MCP server {prefix!r} (tools mcp__{prefix}__…)")
+        clashes += [f"the runtime's tool {t!r}" for t in loaded.tools if t in self.reserved_tools]
+        if clashes:
+            raise Conflict(
+                f"plugin {plugin!r} cannot be installed: its names would meet those of "
+                f"{'; '.join(clashes)}; nothing was changed"
+            )
 
     def _commit(
         self,
@@ -444,6 +499,8 @@ class PluginManager:
             and existing.content_hash == install.content_hash
             and existing.allowed_mode == install.allowed_mode
             and existing.mcp == install.mcp
+            and existing.network == install.network
+            and existing.writable == install.writable
             and previous == final
         )
         if same and existing is not None:
@@ -467,6 +524,8 @@ class PluginManager:
             allowed_mode=install.allowed_mode,
             mcp=install.mcp,
             installed_by=install.installed_by,
+            network=install.network,
+            writable=install.writable,
         )
         try:
             # The copy every other host unpacks, in the same transaction as the record.
@@ -525,6 +584,8 @@ class PluginManager:
                     f"{record.name}@{record.marketplace}",
                     allow_mode=record.allowed_mode,
                     mcp=record.mcp,
+                    network=record.network,
+                    writable=record.writable,
                     user=user or record.installed_by,
                 )
             except UserError as exc:

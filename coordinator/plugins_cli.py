@@ -31,6 +31,7 @@ def _manager(*, read_only: bool = False) -> Any:
     from coordinator.storage.engine import Database, database_url, make_engine, open_read_only
     from coordinator.storage.plugins import PluginStore
     from workers.client import SpawnClient
+    from workers.tools import default_catalog
 
     try:
         settings = with_local_redis(Settings.load())
@@ -56,6 +57,8 @@ def _manager(*, read_only: bool = False) -> Any:
         PluginStore(engine),
         broadcast=broadcast,
         allow_network=settings.plugins_allow_network,
+        reserved_tools=default_catalog(settings.tool_modules).names(),
+        config_servers=settings.mcp_servers,
     )
 
 
@@ -175,10 +178,29 @@ def available(marketplace_name: str, as_json: bool) -> None:
     help="The most the plugin's personas may do.",
 )
 @click.option("--no-mcp", is_flag=True, help="Do not start the plugin's MCP servers.")
+@click.option(
+    "--allow-network",
+    is_flag=True,
+    help="Let its skill scripts that declare network: true and its MCP servers reach the "
+    "network, through the workers' egress proxy (never the runtime's own services).",
+)
+@click.option(
+    "--allow-write", is_flag=True, help="Give its MCP servers a writable folder of their own."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def install(ref: str, allow_mode: str, no_mcp: bool, as_json: bool) -> None:
-    """Install REF, given as PLUGIN@MARKETPLACE."""
-    outcome = _run(lambda: _manager().install(ref, allow_mode=allow_mode, mcp=not no_mcp))
+def install(
+    ref: str, allow_mode: str, no_mcp: bool, allow_network: bool, allow_write: bool, as_json: bool
+) -> None:
+    """Install REF, given as PLUGIN@MARKETPLACE (again: with the options given now)."""
+    outcome = _run(
+        lambda: _manager().install(
+            ref,
+            allow_mode=allow_mode,
+            mcp=not no_mcp,
+            network=allow_network,
+            writable=allow_write,
+        )
+    )
     view = outcome.as_dict()
     if as_json:
         _emit(view)
@@ -188,6 +210,8 @@ def install(ref: str, allow_mode: str, no_mcp: bool, as_json: bool) -> None:
     for key in ("agents", "skills", "tools", "mcp_servers"):
         if view[key]:
             _out.print(f"  {key.replace('_', ' ')}: {', '.join(view[key])}")
+    for grant in view["grants"]:
+        _out.print(f"  grants: {grant}")
     if view["unused"]:
         _out.print(f"  kept, not used by Ongrid: {', '.join(view['unused'])}")
     for warning in view["warnings"]:
@@ -205,13 +229,17 @@ def list_installed(as_json: bool) -> None:
     if not views:
         _out.print("no plugin installed (ongrid plugins install PLUGIN@MARKETPLACE)")
         return
-    table = Table("plugin", "version", "marketplace", "mode", "agents", "skills", "tools")
+    table = Table(
+        "plugin", "version", "marketplace", "mode", "network", "agents", "skills", "tools"
+    )
     for view in views:
+        granted = [g for g in ("network", "writable") if view.get(g)]
         table.add_row(
             view["name"],
             view["version"],
             view["marketplace"],
             view["allowed_mode"],
+            ", ".join(granted) or "none",
             str(len(view.get("agents", []))),
             str(len(view.get("skills", []))),
             str(len(view.get("tools", [])) + len(view.get("mcp_servers", []))),

@@ -52,9 +52,11 @@ class McpTool(BaseTool):
 
     args_model = _McpArguments
 
-    def __init__(self, hub: McpHub, key: str, tool: Any) -> None:
+    def __init__(self, hub: McpHub, key: str, tool: Any, bundle: str = "config") -> None:
         self.hub = hub
         self.server_key = key
+        #: The plugin whose server it is, or ``config`` for the config file's.
+        self.bundle = bundle
         self.remote_name: str = tool.name
         self.name = tool_name(key, tool.name)
         text = tool.description or tool.title or tool.name

@@ -7,12 +7,21 @@ The marketplace root holds one directory per installed plugin::
 
 :func:`read_bundles` follows each ``current`` link and turns what it finds into
 :class:`Bundles`: the plugin's agents as personas named ``<plugin>:<agent>``, its skills, the
-tools its skill manifests declare, and its MCP servers. Nothing here runs any of it. A part that
-cannot be used is a load warning naming the file; the rest of the plugin still loads.
+tools its skill manifests declare (named ``<plugin>__<tool>``), and its MCP servers (keyed
+``<plugin>__<server>``). Nothing here runs any of it. A part that cannot be used is a load
+warning naming the file; the rest of the plugin still loads.
+
+What the install allowed bounds what the plugin brings: its personas run at most its allowed
+mode, a tool of its manifests whose class (bounded below by what it does) is above that mode is
+left out, and so is one that declares the network when the install granted none. The grants
+(``network``, ``writable``) reach the executors and MCP servers that need them. Names never
+shadow: a name another plugin or the config file already holds is left out with a warning that
+names both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -24,15 +33,15 @@ from types import MappingProxyType
 from typing import Any
 
 from marketplace.formats import read_entry, read_plugin, read_skill
-from marketplace.manifest import load_manifest
-from marketplace.mcp_config import parse_mcp_json
+from marketplace.manifest import ManifestTool, ScriptExecutor, load_manifest
+from marketplace.mcp_config import parse_mcp_json, plugin_prefix
 from marketplace.model import BundleError, McpServerConfig
 from marketplace.skills import SKILL_TOOLS, Skill
 from registry.agent_registry import LoadWarning
 from registry.claude_import import convert_claude_file
 from registry.errors import OngridError
 from registry.persona import PermissionMode, Persona, Source
-from registry.tools import BaseTool
+from registry.tools import BaseTool, ToolClass
 
 __all__ = [
     "CURRENT_LINK",
@@ -42,6 +51,7 @@ __all__ = [
     "InstallRecord",
     "LoadedPlugin",
     "capped_mode",
+    "grants_of",
     "load_plugin",
     "read_bundles",
     "read_record",
@@ -59,6 +69,13 @@ _MODE_ORDER = (
     PermissionMode.MUTATING_WITH_CONFIRM,
     PermissionMode.DUAL_SIGN_REQUIRED,
 )
+#: The highest tool class each mode lets a persona call.
+_MODE_CLASS = {
+    PermissionMode.READ_ONLY: ToolClass.READ,
+    PermissionMode.MUTATING_WITH_CONFIRM: ToolClass.WRITE,
+    PermissionMode.DUAL_SIGN_REQUIRED: ToolClass.DESTRUCTIVE,
+}
+_CLASS_ORDER = (ToolClass.READ, ToolClass.WRITE, ToolClass.DESTRUCTIVE)
 
 
 @dataclass(frozen=True)
@@ -76,6 +93,11 @@ class InstallRecord:
     allowed_mode: str = PermissionMode.READ_ONLY.value
     #: Start the plugin's MCP servers.
     mcp: bool = True
+    #: Its skill scripts and MCP servers may reach the network (through the worker's egress
+    #: proxy, never the runtime's own services); the admin grants it at install.
+    network: bool = False
+    #: Its MCP servers get a writable directory of their own (``CLAUDE_PLUGIN_DATA``).
+    writable: bool = False
     installed_by: str = ""
     installed_at: str = ""
     #: The marketplace's entry of the plugin, kept for ``strict: false`` plugins whose entry
@@ -92,10 +114,32 @@ class InstallRecord:
             "content_hash": self.content_hash,
             "allowed_mode": self.allowed_mode,
             "mcp": self.mcp,
+            "network": self.network,
+            "writable": self.writable,
             "installed_by": self.installed_by,
             "installed_at": self.installed_at,
             "entry": self.entry,
         }
+
+
+def grants_of(record: InstallRecord) -> list[str]:
+    """What the install lets the plugin do, one line each, as a person reads it."""
+    lines = [
+        f"allowed mode {record.allowed_mode}: its personas run at most that, and its tools "
+        "above it are left out"
+    ]
+    if record.mcp:
+        lines.append("MCP servers: started on every worker, stdio ones in the worker's sandbox")
+    if record.network:
+        lines.append(
+            "network: its scripts that declare it and its MCP servers reach the network "
+            "through the workers' egress proxy; never this cluster's Redis, database or hosts"
+        )
+    else:
+        lines.append("no network: its scripts and MCP servers run with no network at all")
+    if record.writable:
+        lines.append("writable: its MCP servers may write to a folder of their own on each worker")
+    return lines
 
 
 def read_record(directory: Path) -> InstallRecord:
@@ -125,6 +169,7 @@ class LoadedPlugin:
     def as_dict(self) -> dict[str, Any]:
         return {
             **self.record.as_dict(),
+            "grants": grants_of(self.record),
             "path": str(self.root),
             "agents": list(self.agents),
             "skills": list(self.skills),
@@ -183,7 +228,13 @@ def capped_mode(persona: Persona, allowed: PermissionMode) -> PermissionMode:
     return min(declared, allowed, key=_MODE_ORDER.index)
 
 
-def _persona(file: Path, plugin: str, allowed: PermissionMode, skills: Sequence[Skill]) -> Persona:
+def _persona(
+    file: Path,
+    plugin: str,
+    allowed: PermissionMode,
+    skills: Sequence[Skill],
+    tools: Mapping[str, str],
+) -> Persona:
     imported = convert_claude_file(file)
     persona = imported.persona
     own = {s.name: s.qualified for s in skills}
@@ -195,6 +246,8 @@ def _persona(file: Path, plugin: str, allowed: PermissionMode, skills: Sequence[
             "name": f"{plugin}:{persona.name}",
             "permission_mode": capped_mode(persona, allowed),
             "skills": wanted,
+            # Its own plugin's tools by the names its manifests give them.
+            "tools": [tools.get(t, t) for t in persona.tools],
             "source": Source.PLUGIN,
             "plugin": plugin,
             "path": str(file),
@@ -234,27 +287,14 @@ def load_plugin(
                 allowed_tools=doc.allowed_tools,
             )
         )
+    tools = _manifest_tools(root, record, layout.manifest_files, skills, taken_tools, warnings)
+    own_tools = {getattr(t, "base_name", t.name): t.name for t in tools}
     personas: list[Persona] = []
     for file in layout.agent_files:
         try:
-            personas.append(_persona(file, name, allowed, skills))
+            personas.append(_persona(file, name, allowed, skills, own_tools))
         except OngridError as exc:
             warnings.append(_problem(file, exc))
-    tools: list[BaseTool] = []
-    seen = set(taken_tools)
-    for manifest in layout.manifest_files:
-        skill = next((s.qualified for s in skills if manifest.parent == s.root), "")
-        try:
-            declared = load_manifest(manifest, root, skill=skill)
-        except OngridError as exc:
-            warnings.append(_problem(manifest, exc))
-            continue
-        for tool in declared:
-            if tool.name in seen:
-                warnings.append(f"{manifest}: tool {tool.name!r} is already defined; not loaded")
-                continue
-            seen.add(tool.name)
-            tools.append(tool)
     servers: dict[str, McpServerConfig] = {}
     if record.mcp:
         for source in layout.mcp_sources:
@@ -268,7 +308,19 @@ def load_plugin(
                 warnings.append(f"{where}: {exc}")
                 continue
             warnings.extend(f"{where}: {p}" for p in problems)
-            servers.update(found)
+            cap = _MODE_CLASS[allowed].value
+            servers.update(
+                (
+                    key,
+                    dataclasses.replace(
+                        config,
+                        network=record.network,
+                        writable=record.writable,
+                        max_tool_class=cap,
+                    ),
+                )
+                for key, config in found.items()
+            )
     elif layout.mcp_sources:
         warnings.append("MCP servers are declared but were not enabled at install")
     loaded = LoadedPlugin(
@@ -282,6 +334,62 @@ def load_plugin(
         warnings=tuple(warnings),
     )
     return loaded, personas, skills, tools, servers
+
+
+def _manifest_tools(
+    root: Path,
+    record: InstallRecord,
+    manifests: Sequence[Path],
+    skills: Sequence[Skill],
+    taken: Collection[str],
+    warnings: list[str],
+) -> list[BaseTool]:
+    """The tools of the plugin's manifests that its install lets it bring (see the module
+    docstring); what is left out is a warning in ``warnings``."""
+    try:
+        allowed = PermissionMode(record.allowed_mode)
+    except ValueError:
+        allowed = PermissionMode.READ_ONLY
+    cap = _MODE_CLASS[allowed]
+    tools: list[BaseTool] = []
+    seen = set(taken)
+    for manifest in manifests:
+        skill = next((s.qualified for s in skills if manifest.parent == s.root), "")
+        try:
+            declared = load_manifest(manifest, root, skill=skill, plugin=record.name)
+        except OngridError as exc:
+            warnings.append(_problem(manifest, exc))
+            continue
+        for tool in declared:
+            left_out = _left_out(tool, record, cap)
+            if tool.class_note:
+                warnings.append(f"{manifest}: tool {tool.name!r}: {tool.class_note}")
+            if left_out:
+                warnings.append(f"{manifest}: tool {tool.name!r} not loaded: {left_out}")
+                continue
+            if tool.name in seen:
+                warnings.append(f"{manifest}: tool {tool.name!r} is already defined; not loaded")
+                continue
+            seen.add(tool.name)
+            tools.append(tool)
+    return tools
+
+
+def _left_out(tool: ManifestTool, record: InstallRecord, cap: ToolClass) -> str:
+    """Why the install does not let the plugin bring ``tool`` ("" when it does)."""
+    if _CLASS_ORDER.index(tool.tool_class) > _CLASS_ORDER.index(cap):
+        return (
+            f"its class {tool.tool_class.value} is more than the install allows "
+            f"(allowed mode {record.allowed_mode}); install it again with a higher --allow-mode "
+            "to use it"
+        )
+    executor = tool.executor
+    if isinstance(executor, ScriptExecutor) and executor.network and not record.network:
+        return (
+            "it declares network: true, which the install did not grant; install the plugin "
+            'with --allow-network (the API: "network": true) to use it'
+        )
+    return ""
 
 
 def _json_of(source: Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -366,10 +474,21 @@ def read_bundles(
         skills.update((s.qualified, s) for s in their_skills)
         tools.extend(their_tools)
         taken.update(t.name for t in their_tools)
-        servers.update(their_servers)
+        for key, server in their_servers.items():
+            if key in servers:  # plugin names that differ only in characters a key cannot hold
+                warnings.append(
+                    LoadWarning(
+                        str(directory),
+                        f"MCP server {key!r} of plugin {name!r} not started: plugin "
+                        f"{servers[key].plugin!r} has a server of that key",
+                    )
+                )
+                continue
+            servers[key] = server
         warnings.extend(LoadWarning(str(directory), w) for w in loaded.warnings)
         digest.update(
-            f"{name}\0{record.content_hash}\0{record.allowed_mode}\0{record.mcp}\0".encode()
+            f"{name}\0{record.content_hash}\0{record.allowed_mode}\0{record.mcp}\0"
+            f"{record.network}\0{record.writable}\0".encode()
         )
     if config_mcp:
         try:
@@ -380,10 +499,19 @@ def read_bundles(
             warnings.append(LoadWarning("config:mcp_servers", str(exc)))
         else:
             warnings.extend(LoadWarning("config:mcp_servers", p) for p in problems)
+            plugin_keys = {plugin_prefix(p.record.name): p for p in plugins}
             for key, server in found_servers.items():
-                if key in servers:
+                # A plugin named like the server would share its tools' prefix mcp__<key>__.
+                owner = plugin_keys.get(key) or next(
+                    (p for p in plugins if key in p.mcp_servers), None
+                )
+                if owner is not None:
                     warnings.append(
-                        LoadWarning("config:mcp_servers", f"{key!r} is taken by a plugin")
+                        LoadWarning(
+                            "config:mcp_servers",
+                            f"server {key!r} not started: its tools would be named like those of "
+                            f"plugin {owner.record.name!r} (mcp__{key}__…); rename it",
+                        )
                     )
                     continue
                 servers[key] = server

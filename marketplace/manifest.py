@@ -12,6 +12,12 @@ is refused whole, with the file and the reason. At call time the arguments are v
 the declared schema, each placeholder becomes exactly one argv element (never split, never seen
 by a shell), and the script runs with a clean environment, a timeout and an output cap.
 
+A tool's class is bounded by what it does, whatever the manifest declares (:func:`least_class`):
+an HTTP request other than GET or HEAD, or a script granted the network, changes what it
+reaches, so it is at least ``write`` and needs a person's approval. Read from an installed
+plugin, each tool is named after it (:func:`qualified_name`: ``<plugin>__<tool>``), so two
+plugins can never shadow each other's tools.
+
 The checks are in :mod:`marketplace._manifest_checks`, the executors that run a tool in
 :mod:`marketplace._executors`; their public names are importable from here.
 """
@@ -19,6 +25,7 @@ The checks are in :mod:`marketplace._manifest_checks`, the executors that run a 
 from __future__ import annotations
 
 import copy
+import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -67,7 +74,9 @@ __all__ = [
     "ManifestError",
     "ManifestTool",
     "ScriptExecutor",
+    "least_class",
     "load_manifest",
+    "qualified_name",
 ]
 
 #: The file name a manifest has, next to a ``SKILL.md`` or at a plugin's root.
@@ -82,6 +91,13 @@ MAX_OUTPUT_BYTES = 1024 * 1024
 _TOOL_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}_skill$")
 #: The skill tools of :mod:`marketplace.skills`; a manifest may not shadow them.
 _RESERVED = frozenset({"load_skill", "read_file_skill"})
+#: Between a plugin's name and its tool's in the catalog; no tool name of a manifest holds it.
+SEPARATOR = "__"
+#: Longest tool name the model APIs accept (OpenAI and Anthropic both cap function names at 64).
+_MAX_NAME = 64
+_CLASS_ORDER = (ToolClass.READ, ToolClass.WRITE, ToolClass.DESTRUCTIVE)
+#: HTTP methods that only read (RFC 9110 safe methods a manifest may use).
+_SAFE_METHODS = frozenset({"GET", "HEAD"})
 _Loader: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -104,12 +120,15 @@ class _RunSpec(_Spec):
     command: str
     interpreter: Literal["python3", "sh", "bash"] | None = None
     args: list[str] = Field(default_factory=list)
+    #: The script needs the network (through the worker's egress proxy): granted per plugin at
+    #: install, and the tool is then at least ``write``.
+    network: bool = False
     timeout_seconds: float = Field(default=30.0, gt=0, le=MAX_TIMEOUT_SECONDS)
     max_output_bytes: int = Field(default=DEFAULT_OUTPUT_BYTES, ge=1, le=MAX_OUTPUT_BYTES)
 
 
 class _HttpSpec(_Spec):
-    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "GET"
+    method: Literal["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"] = "GET"
     url: str
     headers: dict[str, str] = Field(default_factory=dict)
     body: Any = None
@@ -214,6 +233,7 @@ def _script_executor(
         cwd=Path(os.path.realpath(manifest_dir)),
         timeout_seconds=spec.timeout_seconds,
         max_output_bytes=spec.max_output_bytes,
+        network=spec.network,
     )
 
 
@@ -221,8 +241,10 @@ def _http_executor(spec: _HttpSpec, schema: dict[str, Any]) -> HttpExecutor:
     _check_url(spec.url, schema)
     _check_headers(spec.headers)
     if spec.body is not None:
-        if spec.method == "GET":
-            raise _Problem("http.body", "a GET request has no body: use POST, PUT or PATCH")
+        if spec.method in _SAFE_METHODS:
+            raise _Problem(
+                "http.body", f"a {spec.method} request has no body: use POST, PUT or PATCH"
+            )
         _check_body(spec.body, schema)
     return HttpExecutor(
         method=spec.method,
@@ -234,15 +256,40 @@ def _http_executor(spec: _HttpSpec, schema: dict[str, Any]) -> HttpExecutor:
     )
 
 
-def _tool(spec: _ToolSpec, manifest: Path, bundle_root: Path, skill: str) -> ManifestTool:
+def least_class(executor: ScriptExecutor | HttpExecutor) -> tuple[ToolClass, str]:
+    """The lowest class a tool with ``executor`` can have, and why it is not ``read``."""
+    if isinstance(executor, HttpExecutor) and executor.method not in _SAFE_METHODS:
+        return ToolClass.WRITE, f"an HTTP {executor.method} request changes what it reaches"
+    if isinstance(executor, ScriptExecutor) and executor.network:
+        return ToolClass.WRITE, "a script with the network can change what it reaches"
+    return ToolClass.READ, ""
+
+
+def qualified_name(plugin: str, name: str) -> str:
+    """The catalog name of tool ``name`` of ``plugin``: ``<plugin>__<name>``, characters a tool
+    name cannot hold replaced by ``_``. Longer than 64 characters, it is cut and keeps its
+    ``_skill`` end after 8 hex digits of a hash of the whole, so two long names stay apart."""
+    full = f"{re.sub(r'[^A-Za-z0-9_-]', '_', plugin)}{SEPARATOR}{name}"
+    if len(full) <= _MAX_NAME:
+        return full
+    digest = hashlib.sha256(f"{plugin}\0{name}".encode()).hexdigest()[:8]
+    tail = f"_{digest}_skill"
+    return full.removesuffix("_skill")[: _MAX_NAME - len(tail)] + tail
+
+
+def _tool(
+    spec: _ToolSpec, manifest: Path, bundle_root: Path, skill: str, plugin: str
+) -> ManifestTool:
     if not _TOOL_NAME.match(spec.name):
         raise _Problem(
             "name", "must end in _skill: lowercase letters, digits and _, at most 64 characters"
         )
+    if SEPARATOR in spec.name:
+        raise _Problem("name", f"may not hold {SEPARATOR!r}: it separates a plugin from its tools")
     if spec.name in _RESERVED:
         raise _Problem("name", "is the name of a built-in skill tool")
     try:
-        tool_class = ToolClass(spec.tool_class)
+        declared = ToolClass(spec.tool_class)
     except ValueError:
         raise _Problem("class", f"{spec.tool_class!r} is not read, write or destructive") from None
     if (spec.run is None) == (spec.http is None):
@@ -254,8 +301,13 @@ def _tool(spec: _ToolSpec, manifest: Path, bundle_root: Path, skill: str) -> Man
     else:
         assert spec.http is not None
         executor = _http_executor(spec.http, spec.parameters)
+    least, why = least_class(executor)
+    tool_class = max(declared, least, key=_CLASS_ORDER.index)
+    note = ""
+    if tool_class != declared:
+        note = f"declared class {declared.value}, runs as {tool_class.value}: {why}"
     return ManifestTool(
-        name=spec.name,
+        name=qualified_name(plugin, spec.name) if plugin else spec.name,
         description=spec.description,
         tool_class=tool_class,
         schema=spec.parameters,
@@ -263,15 +315,22 @@ def _tool(spec: _ToolSpec, manifest: Path, bundle_root: Path, skill: str) -> Man
         manifest=manifest,
         skill=skill,
         validator=validator,
+        bundle=plugin,
+        base_name=spec.name,
+        class_note=note,
     )
 
 
-def load_manifest(path: Path, bundle_root: Path, *, skill: str = "") -> list[ManifestTool]:
+def load_manifest(
+    path: Path, bundle_root: Path, *, skill: str = "", plugin: str = ""
+) -> list[ManifestTool]:
     """The tools ``path`` declares; :class:`ManifestError` names every problem found.
 
     ``bundle_root`` is the installed plugin's directory: the manifest and every script it runs
     must be inside it, symlinks resolved. ``skill`` is the qualified name of the skill the
     manifest sits next to (empty for a plugin's own manifest); it is kept on each tool.
+    ``plugin`` names the plugin the manifest belongs to: each tool is then named
+    ``<plugin>__<tool>`` (:func:`qualified_name`) and marked as that plugin's.
     """
     if not _inside(os.path.realpath(path), os.path.realpath(bundle_root)):
         raise ManifestError(path, f"the manifest is outside the bundle {bundle_root}")
@@ -289,7 +348,7 @@ def load_manifest(path: Path, bundle_root: Path, *, skill: str = "") -> list[Man
             continue
         seen.add(item.name)
         try:
-            tools.append(_tool(item, Path(path), bundle_root, skill))
+            tools.append(_tool(item, Path(path), bundle_root, skill, plugin))
         except _Problem as exc:
             where = "" if exc.where == "(tool)" else f".{exc.where}"
             problems.append(f"{label}{where}: {exc}")
@@ -323,8 +382,16 @@ class ManifestTool(BaseTool):
         manifest: Path,
         skill: str = "",
         validator: type[Any] = Draft202012Validator,
+        bundle: str = "",
+        base_name: str = "",
+        class_note: str = "",
     ) -> None:
         self.name = name
+        #: The plugin that brought it ("" when read outside a plugin), the name its manifest
+        #: gives it, and why its class is higher than declared ("" when it is not).
+        self.bundle = bundle
+        self.base_name = base_name or name
+        self.class_note = class_note
         self.description = description
         self.tool_class = tool_class
         self.executor = executor

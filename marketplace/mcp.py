@@ -46,7 +46,7 @@ from marketplace._mcp_connection import (
 from marketplace._mcp_tool import MAX_RESULT_CHARS, McpTool, _list_tools, _render, _tool_problem
 from marketplace.mcp_config import McpConfigError, tool_name
 from marketplace.model import McpServerConfig
-from registry.tools import BaseTool, ToolResult
+from registry.tools import BaseTool, ToolClass, ToolResult
 
 __all__ = ["MAX_RESULT_CHARS", "McpHub", "McpTool"]
 
@@ -65,6 +65,7 @@ PING_TIMEOUT = 10.0
 _CALL_GRACE = 5.0
 #: Seconds one server's stop may take: the SDK closes stdin, waits 2 s, then SIGTERM/SIGKILL.
 _STOP_TIMEOUT = 10.0
+_CLASSES = (ToolClass.READ, ToolClass.WRITE, ToolClass.DESTRUCTIVE)
 
 
 @dataclass(eq=False)
@@ -356,16 +357,26 @@ class McpHub:
         tools: list[McpTool] = []
         problems: list[str] = []
         seen: set[str] = set()
+        config = server.config
+        cap = _CLASSES.index(ToolClass(config.max_tool_class))
         for item in listing:
             problem = _tool_problem(item)
-            name = tool_name(server.config.key, item.name)
+            name = tool_name(config.key, item.name)
             if not problem and name in seen:
                 problem = f"its name {name} is taken by another tool of the server"
-            if problem:
+            tool = None if problem else McpTool(self, config.key, item, config.plugin or "config")
+            if tool is not None and _CLASSES.index(tool.tool_class) > cap:
+                # A plugin's server cannot raise its own tools past what its install allows.
+                problem = (
+                    f"its class {tool.tool_class.value} is more than plugin {config.plugin}'s "
+                    f"install allows ({config.max_tool_class}); install it with a higher "
+                    "--allow-mode to use it"
+                )
+            if problem or tool is None:
                 problems.append(f"tool {item.name!r} left out: {problem}")
                 continue
             seen.add(name)
-            tools.append(McpTool(self, server.config.key, item))
+            tools.append(tool)
         for problem in problems:
             logger.warning("MCP server %s: %s", server.config.key, problem)
         server.session = session

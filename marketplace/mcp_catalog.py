@@ -45,6 +45,7 @@ class DescribedTool(BaseTool):
         self.name = str(data["name"])
         self.description = str(data.get("description") or self.name)
         self.tool_class = ToolClass(str(data.get("class") or "write"))
+        self.bundle = str(data.get("bundle") or "config")
         self._schema = dict(data.get("parameters") or {"type": "object", "properties": {}})
 
     @property

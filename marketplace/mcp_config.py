@@ -23,11 +23,15 @@ __all__ = [
     "check_url",
     "expand",
     "parse_mcp_json",
+    "plugin_prefix",
+    "server_key",
     "tool_name",
 ]
 
 #: Longest tool name the model APIs accept (OpenAI and Anthropic both cap function names at 64).
 MAX_TOOL_NAME = 64
+#: Between a plugin and its server in a key, and between the key and a tool in a tool name.
+SEPARATOR = "__"
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 #: ``${NAME}`` or ``${NAME:-default}``; the default runs to the first ``}`` (no nesting, as in
@@ -48,8 +52,11 @@ def parse_mcp_json(
 
     Both shapes are taken: ``{"mcpServers": {name: {...}}}`` and the bare ``{name: {...}}``.
     Returns ``(servers, problems)``: ``servers`` maps each usable server's key
-    (``<plugin>_<server>``, or ``<server>`` when ``plugin`` is empty, with characters outside
-    ``[A-Za-z0-9_-]`` replaced by ``_``) to its config; ``problems`` holds one message per server
+    (``<plugin>__<server>``, or ``<server>`` when ``plugin`` is empty, with characters outside
+    ``[A-Za-z0-9_-]`` replaced by ``_``) to its config; a server name holding ``__``, the
+    separator, is refused, so a key names one plugin and one server only (plugin ``a_b`` with
+    server ``c`` and plugin ``a`` with server ``b_c`` are ``a_b__c`` and ``a__b_c``, and their
+    tools ``mcp__a_b__c__…`` and ``mcp__a__b_c__…``). ``problems`` holds one message per server
     that was left out, each starting with ``where`` and naming the server, so a caller can show
     them as warnings (or raise the first as a :class:`~marketplace.model.BundleError`).
     """
@@ -62,10 +69,15 @@ def parse_mcp_json(
     problems: list[str] = []
     named: dict[str, str] = {}
     for name, entry in entries.items():
-        key = _sanitize(f"{plugin}_{name}" if plugin else str(name))
+        key = server_key(plugin, str(name))
         try:
             if not isinstance(name, str) or not name.strip():
                 raise McpConfigError("a server needs a non-empty name")
+            if SEPARATOR in _sanitize(name):
+                raise McpConfigError(
+                    f"its name may not hold {SEPARATOR!r}, which separates a plugin, a server "
+                    "and a tool in tool names; rename it"
+                )
             if key in named:
                 raise McpConfigError(
                     f"its key {key!r} is the same as server {named[key]!r}'s once characters "
@@ -76,6 +88,17 @@ def parse_mcp_json(
         except McpConfigError as exc:
             problems.append(_problem(where, str(name), str(exc)))
     return servers, problems
+
+
+def plugin_prefix(plugin: str) -> str:
+    """``plugin``'s name as its keys and tool names start with."""
+    return _sanitize(plugin)
+
+
+def server_key(plugin: str, server: str) -> str:
+    """The key of ``plugin``'s server ``server`` (``<plugin>__<server>``; the config file's own,
+    with no plugin: ``<server>``), as its tools are named: ``mcp__<key>__<tool>``."""
+    return _sanitize(f"{plugin}{SEPARATOR}{server}" if plugin else server)
 
 
 def expand(text: str, env: Mapping[str, str], why_unset: Callable[[str], str] | None = None) -> str:

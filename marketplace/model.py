@@ -44,7 +44,7 @@ class McpServerConfig:
     is started, against the worker's environment and ``CLAUDE_PLUGIN_ROOT``.
     """
 
-    #: Unique in a process: ``<plugin>_<server>`` for a plugin's, ``<server>`` for the config's.
+    #: Unique in a process: ``<plugin>__<server>`` for a plugin's, ``<server>`` for the config's.
     key: str
     transport: Literal["stdio", "http"]
     command: str = ""
@@ -65,3 +65,6 @@ class McpServerConfig:
     network: bool = False
     #: The install granted the plugin a writable directory of its own (``CLAUDE_PLUGIN_DATA``).
     writable: bool = False
+    #: The highest class a tool of the server may have (``read``, ``write``, ``destructive``):
+    #: a plugin's is its install's allowed mode; a tool above it is left out.
+    max_tool_class: str = "destructive"

@@ -3,9 +3,12 @@
 The bag is computed per spawn, in this order:
 
 1. the tools the caller's role may see (patterns from the role's configuration);
-2. intersected with the persona's ``tools`` when that list is non-empty (empty inherits step 1);
-   a persona with ``skills`` is given the skill tools (``load_skill``, ``read_file_skill``)
-   as if it listed them, and one without never is;
+2. intersected with the persona's ``tools`` when that list is non-empty (empty inherits step 1,
+   but only the runtime's own tools: a tool a bundle brought — a skill manifest's, an MCP
+   server's — enters a bag only when ``tools`` names it or matches it by a pattern, so
+   installing a plugin never silently arms a persona that asked for nothing); a persona with
+   ``skills`` is given the skill tools (``load_skill``, ``read_file_skill``) as if it listed
+   them, and one without never is;
 3. minus everything matching ``disallowed_tools`` (black wins over white);
 4. each remaining tool checked against ``permission_mode`` by its class.
 
@@ -131,6 +134,8 @@ def resolve_bag(
             continue  # nothing to load
         if persona.tools and not matches_any(name, whitelist):
             continue  # not asked for: not in the bag, and nothing to report
+        if tool.bundle and not persona.tools:
+            continue  # a bundle's tool is never inherited: it must be asked for
         if for_worker and name == AGENT_TOOL_NAME:
             if persona.tools:
                 dropped.append(DroppedTool(name, "the AgentTool is never in a worker's bag"))

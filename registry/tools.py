@@ -106,6 +106,11 @@ class BaseTool(ABC):
     #: Safe to run again with the same call id after a crash (the loop re-runs it rather than
     #: reporting "outcome unknown"). Only tools that make repeats harmless set this.
     idempotent: bool = False
+    #: Where the tool comes from when it is not code of the runtime: the plugin that brought it
+    #: (a skill manifest's tool, a plugin's MCP server), or ``config`` (an MCP server of the
+    #: config file). A persona gets such a tool only by naming it in ``tools`` (a name or a
+    #: pattern), never by inheriting its role's set (:func:`registry.policy.resolve_bag`).
+    bundle: str = ""
     #: How many calls of this tool the loop runs per model reply and per spawn; the others get
     #: an error result (``spawn_agent``: the dispatch bounds). ``None``: no bound.
     call_limits: CallLimits | None = None
@@ -148,12 +153,15 @@ class BaseTool(ABC):
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready description: name, description, class and argument schema."""
-        return {
+        described = {
             "name": self.name,
             "description": self.description,
             "class": self.tool_class.value,
             "parameters": self.parameters,
         }
+        if self.bundle:
+            described["bundle"] = self.bundle
+        return described
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} ({self.tool_class.value})>"

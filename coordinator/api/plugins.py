@@ -61,6 +61,14 @@ class PluginIn(BaseModel):
         "declares, and one that declares nothing gets this.",
     )
     mcp: bool = Field(default=True, description="Start the plugin's MCP servers on the workers.")
+    network: bool = Field(
+        default=False,
+        description="Let its skill scripts that declare `network: true` and its MCP servers reach "
+        "the network, through the workers' egress proxy (never the runtime's own services).",
+    )
+    writable: bool = Field(
+        default=False, description="Give its MCP servers a writable folder of their own."
+    )
 
 
 class _Out(BaseModel):
@@ -123,11 +131,18 @@ class InstalledPluginOut(_Out):
     path: str = Field(description="The installed directory.")
     allowed_mode: PermissionMode
     mcp: bool
+    network: bool = False
+    writable: bool = False
+    grants: list[str] = Field(
+        default_factory=list, description="What the install lets it do, one line each."
+    )
     installed_by: str = ""
     installed_at: str | None = None
     agents: list[str] = Field(default_factory=list, description="`<plugin>:<agent>` names.")
     skills: list[str] = Field(default_factory=list, description="`<plugin>:<skill>` names.")
-    tools: list[str] = Field(default_factory=list, description="Tools of its skill manifests.")
+    tools: list[str] = Field(
+        default_factory=list, description="Tools of its skill manifests (`<plugin>__<tool>`)."
+    )
     mcp_servers: list[str] = Field(default_factory=list)
     unused: list[str] = Field(
         default_factory=list, description="Parts kept but never run (commands, hooks…)."
@@ -195,7 +210,12 @@ def install_plugin(body: PluginIn, who: Admin, svc: Svc, response: Response) -> 
     """Install (or re-install: an update) a plugin; 200 when nothing changed."""
     outcome = _conflicts(
         lambda: svc.plugins.install(
-            body.plugin, allow_mode=body.allow_mode.value, mcp=body.mcp, user=who.user
+            body.plugin,
+            allow_mode=body.allow_mode.value,
+            mcp=body.mcp,
+            network=body.network,
+            writable=body.writable,
+            user=who.user,
         )
     )
     if not outcome.changed:

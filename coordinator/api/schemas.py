@@ -557,6 +557,12 @@ class SkillOut(BaseModel):
     description: str
     tool_class: ToolClass = Field(alias="class")
     parameters: dict[str, Any] = Field(description="JSON schema of the arguments.")
+    bundle: str | None = Field(
+        default=None,
+        description="The plugin that brought it (or `config`, an MCP server of the config "
+        "file); absent for the runtime's own tools. A persona gets such a tool only by naming "
+        "it in `tools`.",
+    )
     confirmation: Confirmation | None = Field(
         default=None, description="With `?agent=`: what a call needs under its permission_mode."
     )

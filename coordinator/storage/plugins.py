@@ -71,6 +71,8 @@ class _PluginRow(_Base):
     path: Mapped[str] = mapped_column(Text)
     allowed_mode: Mapped[str] = mapped_column(String(32))
     mcp: Mapped[bool] = mapped_column(Boolean)
+    network: Mapped[bool] = mapped_column(Boolean, default=False)
+    writable: Mapped[bool] = mapped_column(Boolean, default=False)
     installed_by: Mapped[str] = mapped_column(Text)
     installed_at: Mapped[datetime] = mapped_column()
 
@@ -119,6 +121,10 @@ class InstalledRecord:
     mcp: bool
     installed_by: str = ""
     installed_at: datetime | None = None
+    #: Granted at install: the network (through the workers' egress proxy) and a writable
+    #: folder for its MCP servers.
+    network: bool = False
+    writable: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -239,4 +245,6 @@ def _plugin(row: _PluginRow) -> InstalledRecord:
         mcp=row.mcp,
         installed_by=row.installed_by,
         installed_at=row.installed_at,
+        network=row.network,
+        writable=row.writable,
     )

@@ -122,9 +122,11 @@ def client(tmp_path: Path, redis_url: str, marketplace_root: Path) -> Iterator[T
 
 @pytest.fixture
 def installed(client: TestClient, market: Path) -> dict[str, Any]:
-    """``team`` added and ``ops`` installed; the install's response."""
+    """``team`` added and ``ops`` installed, allowed to confirm writes (its manifest's tool is
+    a write tool); the install's response."""
     assert client.post("/api/v1/marketplaces", json={"source": str(market)}).status_code == 201
-    response = client.post("/api/v1/plugins", json={"plugin": "ops@team"})
+    body = {"plugin": "ops@team", "allow_mode": "mutating-with-confirm"}
+    response = client.post("/api/v1/plugins", json=body)
     assert response.status_code == 201, response.text
     return response.json()  # type: ignore[no-any-return]
 
@@ -248,10 +250,15 @@ def test_installing_twice_is_201_then_200_unchanged(
 ) -> None:
     assert installed["changed"] is True and installed["name"] == "ops"
     assert installed["agents"] == ["ops:x"] and installed["skills"] == ["ops:s"]
-    assert installed["tools"] == ["restart_unit_skill"]
-    assert installed["installed_by"] == "alice" and installed["allowed_mode"] == "read-only"
+    assert installed["tools"] == ["ops__restart_unit_skill"]
+    assert installed["installed_by"] == "alice"
+    assert installed["allowed_mode"] == "mutating-with-confirm"
+    assert (installed["network"], installed["writable"]) == (False, False)
+    assert any(g.startswith("no network") for g in installed["grants"]), installed["grants"]
     assert Path(installed["path"]).parent == marketplace_root / "plugins" / "ops"
-    again = client.post("/api/v1/plugins", json={"plugin": "ops@team"})
+    again = client.post(
+        "/api/v1/plugins", json={"plugin": "ops@team", "allow_mode": "mutating-with-confirm"}
+    )
     assert again.status_code == 200, again.text
     assert again.json()["changed"] is False
     assert again.json()["content_hash"] == installed["content_hash"]
@@ -267,8 +274,27 @@ def test_the_installed_plugins_show_their_agents_and_skills(
     (plugin,) = response.json()
     assert plugin["name"] == "ops" and plugin["marketplace"] == "team"
     assert plugin["agents"] == ["ops:x"] and plugin["skills"] == ["ops:s"]
-    assert plugin["tools"] == ["restart_unit_skill"] and plugin["version"] == "1.2"
+    assert plugin["tools"] == ["ops__restart_unit_skill"] and plugin["version"] == "1.2"
     assert plugin["content_hash"] == installed["content_hash"] and plugin["error"] is None
+
+
+def test_a_read_only_install_leaves_out_the_tools_above_read_and_says_why(
+    client: TestClient, market: Path
+) -> None:
+    assert client.post("/api/v1/marketplaces", json={"source": str(market)}).status_code == 201
+    response = client.post("/api/v1/plugins", json={"plugin": "ops@team", "network": True})
+    assert response.status_code == 201, response.text
+    plugin = response.json()
+    assert plugin["tools"] == [] and plugin["allowed_mode"] == "read-only"
+    assert plugin["network"] is True
+    assert any(g.startswith("network: ") and "egress proxy" in g for g in plugin["grants"])
+    (why,) = [w for w in plugin["warnings"] if "ops__restart_unit_skill" in w]
+    assert "its class write is more than the install allows (allowed mode read-only)" in why
+    warnings = client.get("/api/v1/agents/warnings").json()
+    assert any("ops__restart_unit_skill" in w["reason"] for w in warnings), warnings
+    names = {t["name"] for t in client.get("/api/v1/skills").json()["tools"]}
+    assert not any(n.endswith("restart_unit_skill") for n in names)
+    assert client.get("/api/v1/plugins").json()[0]["network"] is True
 
 
 def test_an_install_request_is_checked(client: TestClient, market: Path) -> None:
@@ -298,7 +324,8 @@ def test_a_plugin_persona_is_listed_read_only_with_the_plugins_reason(
     assert agent["source"] == "plugin" and agent["plugin"] == "ops"
     assert agent["editable"] is False
     assert "plugin 'ops'" in agent["read_only_reason"]
-    assert agent["skills"] == ["ops:s"] and agent["permission_mode"] == "read-only"
+    # It declares no mode: it gets what the install allowed.
+    assert agent["skills"] == ["ops:s"] and agent["permission_mode"] == "mutating-with-confirm"
     one = client.get("/api/v1/agents/ops:x")
     assert one.status_code == 200 and one.json()["source"] == "plugin"
     viewer = client.get("/api/v1/agents", headers=as_user("bob")).json()
@@ -337,8 +364,9 @@ def test_the_skills_listing_has_the_skill_tools_and_the_manifest_tools(
     tools = {t["name"]: t for t in response.json()["tools"]}
     assert tools["load_skill"]["class"] == "read"
     assert tools["read_file_skill"]["class"] == "read"
-    assert tools["restart_unit_skill"]["class"] == "write"
-    assert tools["restart_unit_skill"]["description"] == "Restart one systemd unit."
+    assert tools["ops__restart_unit_skill"]["class"] == "write"
+    assert tools["ops__restart_unit_skill"]["bundle"] == "ops"
+    assert tools["ops__restart_unit_skill"]["description"] == "Restart one systemd unit."
     # The plugin persona's bag: its whitelist, plus the skill tools its skills bring.
     bag = client.get("/api/v1/skills", params={"agent": "ops:x"}).json()
     assert sorted(t["name"] for t in bag["tools"]) == [
@@ -368,7 +396,7 @@ def test_removing_a_plugin_takes_its_persona_and_tools_away(
     assert removed.status_code == 204 and removed.content == b""
     assert "ops:x" not in agents_by_name(client)
     names = {t["name"] for t in client.get("/api/v1/skills").json()["tools"]}
-    assert "restart_unit_skill" not in names
+    assert "ops__restart_unit_skill" not in names
     assert client.get("/api/v1/plugins").json() == []
     assert sorted(p.name for p in marketplace_root.iterdir()) == [".lock"]
     unknown = client.delete("/api/v1/plugins/ops")
@@ -444,17 +472,17 @@ def test_the_api_lists_the_mcp_tools_the_workers_reported(
     try:
         McpToolPublisher(server).publish(
             [
-                _ReportedTool("mcpkit_tickets", "count", ToolClass.READ),
-                _ReportedTool("mcpkit_tickets", "open", ToolClass.WRITE),
-                _ReportedTool("elsewhere_gone", "stale", ToolClass.READ),
+                _ReportedTool("mcpkit__tickets", "count", ToolClass.READ),
+                _ReportedTool("mcpkit__tickets", "open", ToolClass.WRITE),
+                _ReportedTool("elsewhere__gone", "stale", ToolClass.READ),
             ]
         )
         assert listed() == {
-            "mcp__mcpkit_tickets__count": "read",
-            "mcp__mcpkit_tickets__open": "write",
+            "mcp__mcpkit__tickets__count": "read",
+            "mcp__mcpkit__tickets__open": "write",
         }  # a server no installed plugin declares is not listed
         assert client.delete("/api/v1/plugins/mcpkit").status_code == 204
         assert listed() == {}
     finally:
-        server.delete("ongrid:mcp:tools:mcpkit_tickets", "ongrid:mcp:tools:elsewhere_gone")
+        server.delete("ongrid:mcp:tools:mcpkit__tickets", "ongrid:mcp:tools:elsewhere__gone")
         server.close()

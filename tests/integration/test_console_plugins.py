@@ -161,6 +161,10 @@ def test_a_marketplace_is_added_a_plugin_installed_used_and_removed(
     _tab_to(page, mode)
     page.keyboard.type("m")  # a select picks the option its typed letters begin
     expect(mode).to_have_value("mutating-with-confirm")
+    network = page.get_by_label(f"Network for {LOCAL}")
+    _tab_to(page, network)
+    page.keyboard.press("Space")
+    expect(network).to_be_checked()
     install = button(_row(plugins, LOCAL), f"Install {LOCAL}")
     _tab_to(page, install)
     page.keyboard.press("Enter")
@@ -174,10 +178,15 @@ def test_a_marketplace_is_added_a_plugin_installed_used_and_removed(
     expect(card.get_by_test_id("plugin-agents")).to_contain_text(PERSONA)
     expect(card.get_by_test_id("plugin-skills")).to_contain_text(SKILL)
     expect(card.get_by_test_id("plugin-mode")).to_have_text("mutating-with-confirm")
+    grants = card.get_by_test_id("plugin-grants")
+    expect(grants, "what the install granted, said").to_contain_text("network: ")
+    expect(grants).to_contain_text("never this cluster's Redis, database or hosts")
     expect(card.get_by_test_id("plugin-unused")).to_contain_text("Kept, not used:")
     expect(card.get_by_test_id("plugin-unused")).to_contain_text("commands")
     recorded = console.api("alice").get("/api/v1/plugins").json()
-    assert [(p["name"], p["allowed_mode"]) for p in recorded] == [(LOCAL, "mutating-with-confirm")]
+    assert [(p["name"], p["allowed_mode"], p["network"]) for p in recorded] == [
+        (LOCAL, "mutating-with-confirm", True)
+    ]
     expect(card.get_by_test_id("plugin-hash")).to_have_text(recorded[0]["content_hash"][:12])
     _no_sideways_scroll(page, "the plugins page with a plugin installed")
     console.shoot(page, "plugins-800")

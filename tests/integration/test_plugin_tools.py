@@ -109,7 +109,7 @@ def _server_pids(worker: Worker, marker: str) -> list[int]:
 def _timekit(source: Path, down_flag: Path) -> None:
     plugin = source / "plugins" / "timekit"
     plugin_manifest(plugin, "timekit", version="0.1.0")
-    agent_file(plugin / "agents", "clock", tools=["mcp__timekit_*"])
+    agent_file(plugin / "agents", "clock", tools=["mcp__timekit__*"])
     (plugin / "server").mkdir()
     (plugin / "server" / "tickets.py").write_text(TICKET_SERVER)
     servers = {
@@ -142,20 +142,20 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     installed = ongrid_json(
         cluster, "plugins", "install", "timekit@local", "--allow-mode", "mutating-with-confirm"
     )
-    assert sorted(installed["mcp_servers"]) == ["timekit_tickets", "timekit_time"]
+    assert sorted(installed["mcp_servers"]) == ["timekit__tickets", "timekit__time"]
     _reloaded(cluster, worker)
     wait_for(
-        lambda: _mcp_up(port) == {"timekit_tickets": 1.0, "timekit_time": 1.0},
+        lambda: _mcp_up(port) == {"timekit__tickets": 1.0, "timekit__time": 1.0},
         60,
         "both MCP servers up in the worker's metrics",
     )
 
     prompt = "What time is it, and open a ticket about it."
-    time_tool = "mcp__timekit_time__get_current_time"
+    time_tool = "mcp__timekit__time__get_current_time"
     cluster.fake.script(
         [
             call(time_tool, {"timezone": "UTC"}, match=prompt, turn=0),
-            call("mcp__timekit_tickets__open_ticket", {"title": "clock"}, match=prompt, turn=1),
+            call("mcp__timekit__tickets__open_ticket", {"title": "clock"}, match=prompt, turn=1),
             final("Done.", match=prompt, turn=2),
         ]
     )
@@ -165,14 +165,14 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     events = cluster.history(record.session_id)
     bag = {t["name"]: (t["class"], t["confirmation"]) for t in events[0].tools}
     assert bag[time_tool] == ("read", "none")
-    assert bag["mcp__timekit_tickets__count_tickets"] == ("read", "none")
-    assert bag["mcp__timekit_tickets__open_ticket"] == ("write", "once")
+    assert bag["mcp__timekit__tickets__count_tickets"] == ("read", "none")
+    assert bag["mcp__timekit__tickets__open_ticket"] == ("write", "once")
     (asked,) = [e for e in events if e.type == "confirmation_required"]
-    assert asked.name == "mcp__timekit_tickets__open_ticket"
+    assert asked.name == "mcp__timekit__tickets__open_ticket"
     (clock,) = _tool_results(cluster, prompt)
     assert '"timezone": "UTC"' in clock and "datetime" in clock
     # What the worker reported for the API, which runs no MCP server.
-    reported = described_mcp_tools(cluster.redis, ["timekit_time", "timekit_tickets"])
+    reported = described_mcp_tools(cluster.redis, ["timekit__time", "timekit__tickets"])
     assert {t.name: t.tool_class.value for t in reported if t.name in bag} == {
         name: tool_class for name, (tool_class, _) in bag.items() if name.startswith("mcp__")
     }
@@ -187,7 +187,7 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     down.touch()
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not psutil.pid_exists(pid), 30, "the ticket server to die")
-    count = "mcp__timekit_tickets__count_tickets"
+    count = "mcp__timekit__tickets__count_tickets"
     outage = "Count the tickets while it is down."
     cluster.fake.script(
         [call(count, match=outage, turn=0), final("It is down.", match=outage, turn=1)]
@@ -195,8 +195,8 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     done = cluster.client.wait(cluster.client.spawn("timekit:clock", outage).spawn_id)
     assert done.status == "ok", done.error
     (result,) = _tool_results(cluster, outage)
-    assert "MCP server timekit_tickets is not running" in result, result
-    assert _mcp_up(port)["timekit_tickets"] == 0.0
+    assert "MCP server timekit__tickets is not running" in result, result
+    assert _mcp_up(port)["timekit__tickets"] == 0.0
     assert "held down by the test" in worker.log() or "restart" in result
 
     # Let it start again: the hub restarts it (with backoff) and calls work again.
@@ -258,7 +258,7 @@ def test_a_skill_manifest_script_is_a_tool_and_bad_manifests_are_refused(
 
     ongrid(cluster, "plugins", "marketplace", "add", str(source))
     installed = ongrid_json(cluster, "plugins", "install", "diskkit@local")
-    assert installed["tools"] == ["disk_usage_skill"]
+    assert installed["tools"] == ["diskkit__disk_usage_skill"]
     warnings = "\n".join(installed["warnings"])
     assert "bad-shell" in warnings and "shell metacharacter" in warnings.lower()
     assert "bad-outside" in warnings and "must stay inside the bundle" in warnings
@@ -267,14 +267,15 @@ def test_a_skill_manifest_script_is_a_tool_and_bad_manifests_are_refused(
     assert "bad-shell" in listed  # the load warnings of the registry name the manifest too
 
     bag = ongrid_json(cluster, "agents", "bag", "diskkit:sizer")
-    assert {t["name"] for t in bag["tools"]} >= {"disk_usage_skill", "load_skill"}
+    # The persona names its plugin's tool by the manifest's name; it is the plugin's own.
+    assert {t["name"] for t in bag["tools"]} >= {"diskkit__disk_usage_skill", "load_skill"}
     _reloaded(cluster, worker)
 
     prompt = "How big is /var/log?"
     argument = "/var/log; rm -rf / $(id)"
     cluster.fake.script(
         [
-            call("disk_usage_skill", {"path": argument}, match=prompt, turn=0),
+            call("diskkit__disk_usage_skill", {"path": argument}, match=prompt, turn=0),
             final("It is small.", match=prompt, turn=1),
         ]
     )

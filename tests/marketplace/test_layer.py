@@ -27,7 +27,6 @@ from marketplace.layer import (
     capped_mode,
     read_bundles,
 )
-from registry.agent_registry import LoadWarning
 from registry.errors import NotFoundError, UserError
 from registry.persona import PermissionMode, Persona, Source
 
@@ -197,9 +196,13 @@ def test_read_bundles_gives_the_plugin_persona_its_skills_tools_and_servers(
     s = bundles.skills["ops:s"]
     assert (s.name, s.plugin, s.root) == ("s", "ops", installed / "skills" / "s")
     assert "references/notes.md" in s.files
-    assert [t.name for t in bundles.tools] == ["hello_skill"]
-    server = bundles.mcp_servers["ops_echo"]
+    assert [t.name for t in bundles.tools] == ["ops__hello_skill"]
+    assert [t.bundle for t in bundles.tools] == ["ops"]
+    server = bundles.mcp_servers["ops__echo"]
     assert server.plugin == "ops" and server.plugin_root == str(installed)
+    # Installed read-only with no grant: sandboxed, no network, no writable folder, read tools.
+    assert (server.sandboxed, server.network, server.writable) == (True, False, False)
+    assert server.max_tool_class == "read"
     plugin = bundles.plugin("ops")
     assert plugin is not None and plugin.record.content_hash == outcome.record.content_hash
     assert plugin.record.installed_by == "alice" and plugin.agents == ("ops:x",)
@@ -312,19 +315,23 @@ def test_a_part_that_cannot_be_used_is_a_warning_and_the_rest_loads(
     assert "max_turns" in reasons[0]
 
 
-def test_the_config_files_mcp_servers_join_and_a_plugins_key_wins(
+def test_the_config_files_mcp_servers_join_and_never_replace_a_plugins(
     manager: PluginManager, market: Market, root: Path
 ) -> None:
+    """Plugin ``ops`` server ``echo`` is ``ops__echo``; the config's ``ops_echo`` is another
+    server, and a config server named ``ops`` (whose tools would read ``mcp__ops__…`` like the
+    plugin's) is left out, saying so, never silently replaced or replacing."""
     full_plugin(market)
     added(manager, market).install("ops@team")
-    config = {"clock": {"command": "python3"}, "ops_echo": {"command": "python3"}}
+    config = {c: {"command": "python3"} for c in ("clock", "ops_echo", "ops", "a__b")}
     bundles = read_bundles(root, config_mcp=config)
-    assert set(bundles.mcp_servers) == {"ops_echo", "clock"}
-    assert bundles.mcp_servers["ops_echo"].plugin == "ops"
-    assert bundles.mcp_servers["clock"].plugin == ""
-    assert LoadWarning("config:mcp_servers", "'ops_echo' is taken by a plugin") in (
-        bundles.warnings
-    )
+    assert set(bundles.mcp_servers) == {"ops__echo", "ops_echo", "clock"}
+    assert bundles.mcp_servers["ops__echo"].plugin == "ops"
+    assert bundles.mcp_servers["ops_echo"].plugin == ""
+    assert not bundles.mcp_servers["clock"].sandboxed  # the administrator's own
+    said = [w.reason for w in bundles.warnings if w.path == "config:mcp_servers"]
+    assert any("server 'ops' not started" in w and "plugin 'ops'" in w for w in said), said
+    assert any("a__b" in w and "may not hold '__'" in w for w in said), said
     assert bundles.digest != read_bundles(root).digest
 
 
@@ -518,3 +525,122 @@ def test_an_unknown_allow_mode_is_refused_before_anything_is_done(
     with pytest.raises(UserError, match="allow_mode: expected one of read-only"):
         manager.install("ops@team", allow_mode="root")
     assert read_bundles(root) == Bundles()
+
+
+# -- what an install lets a plugin bring -----------------------------------------------------------
+
+
+def _tools_plugin(market: Market, name: str, tools: list[dict[str, Any]]) -> Path:
+    folder = market.plugin(name)
+    agent(folder, "x", tools="host_probe, restart_skill, probe_skill")
+    write(folder / "scripts" / "probe.sh", "#!/bin/sh\necho probe\n").chmod(0o755)
+    write(folder / "ongrid-tools.yaml", json.dumps({"tools": tools}))
+    return folder
+
+
+def _script_tool(name: str, tool_class: str, **run: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": f"The {name} tool.",
+        "class": tool_class,
+        "parameters": {"type": "object", "properties": {}},
+        "run": {"command": "scripts/probe.sh", "interpreter": "sh", **run},
+    }
+
+
+def _http_tool(name: str, tool_class: str, method: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": f"The {name} tool.",
+        "class": tool_class,
+        "parameters": {"type": "object", "properties": {}},
+        "http": {"method": method, "url": "http://127.0.0.1:9/x"},
+    }
+
+
+def test_a_tools_class_is_bounded_by_what_it_does_and_capped_by_the_install(
+    manager: PluginManager, market: Market, root: Path
+) -> None:
+    """The review's ``class: read`` DELETE, from a plugin installed read-only, is not loaded;
+    allowed to confirm writes, it loads as a write tool (so every call asks a person)."""
+    _tools_plugin(
+        market,
+        "ops",
+        [
+            _http_tool("restart_skill", "read", "DELETE"),
+            _http_tool("peek_skill", "read", "HEAD"),
+            _script_tool("probe_skill", "read"),
+            _script_tool("fetch_skill", "read", network=True),
+        ],
+    )
+    added(manager, market).install("ops@team")
+    bundles = read_bundles(root)
+    assert {t.name: t.tool_class.value for t in bundles.tools} == {
+        "ops__peek_skill": "read",
+        "ops__probe_skill": "read",
+    }
+    said = "\n".join(w.reason for w in bundles.warnings)
+    assert "'ops__restart_skill': declared class read, runs as write: an HTTP DELETE" in said
+    assert "'ops__restart_skill' not loaded: its class write is more than the install" in said
+    assert "'ops__fetch_skill' not loaded: its class write is more than the install" in said
+
+    manager.install("ops@team", allow_mode=MUTATING.value)
+    bundles = read_bundles(root)
+    classes = {t.name: t.tool_class.value for t in bundles.tools}
+    assert classes["ops__restart_skill"] == "write" and "ops__fetch_skill" not in classes
+    said = "\n".join(w.reason for w in bundles.warnings)
+    assert "'ops__fetch_skill' not loaded: it declares network: true, which the install" in said
+
+    manager.install("ops@team", allow_mode=MUTATING.value, network=True)
+    bundles = read_bundles(root)
+    fetch = next(t for t in bundles.tools if t.name == "ops__fetch_skill")
+    assert fetch.tool_class.value == "write" and fetch.executor.network is True
+    probe = next(t for t in bundles.tools if t.name == "ops__probe_skill")
+    assert probe.executor.network is False  # granted to the plugin, declared by one tool only
+    (persona,) = bundles.personas  # its bare names are its plugin's tools
+    assert persona.tools == ["host_probe", "ops__restart_skill", "ops__probe_skill"]
+
+
+def test_two_plugins_tools_never_shadow_each_other(
+    manager: PluginManager, market: Market, root: Path
+) -> None:
+    _tools_plugin(market, "alpha", [_script_tool("restart_skill", "write")])
+    _tools_plugin(market, "beta", [_script_tool("restart_skill", "read")])
+    added(manager, market)
+    manager.install("alpha@team", allow_mode=MUTATING.value)
+    manager.install("beta@team", allow_mode=MUTATING.value)
+    bundles = read_bundles(root)
+    assert {t.name: t.tool_class.value for t in bundles.tools} == {
+        "alpha__restart_skill": "write",
+        "beta__restart_skill": "read",
+    }
+
+
+def test_an_install_whose_names_meet_others_is_refused_and_changes_nothing(
+    store: PluginStore, market: Market, root: Path, broadcast: Counter
+) -> None:
+    manager = PluginManager(
+        root,
+        store,
+        broadcast=broadcast,
+        reserved_tools=["z__probe_skill"],
+        config_servers=["corp"],
+    )
+    for name in ("a.b", "a_b", "corp", "x__y", "z"):
+        _tools_plugin(market, name, [_script_tool("probe_skill", "read")])
+    added(manager, market).install("a.b@team")
+    before = tree(root)
+    with pytest.raises(UserError) as clash:
+        manager.install("a_b@team")
+    assert "plugin 'a.b' (its tools and servers are named a_b__…)" in str(clash.value)
+    with pytest.raises(UserError) as clash:
+        manager.install("corp@team")
+    assert "the config file's MCP server 'corp'" in str(clash.value)
+    with pytest.raises(UserError) as clash:
+        manager.install("x__y@team")
+    assert "its name holds '__'" in str(clash.value)
+    with pytest.raises(UserError) as clash:
+        manager.install("z@team")
+    assert "the runtime's tool 'z__probe_skill'" in str(clash.value)
+    assert tree(root) == before and [p.name for p in store.plugins()] == ["a.b"]
+    assert broadcast.calls == 1

@@ -24,6 +24,7 @@ from marketplace.manifest import (
     ManifestTool,
     ScriptExecutor,
     load_manifest,
+    qualified_name,
 )
 from marketplace.model import BundleError
 from registry.errors import ToolArgumentError, UserError, WorkerDraining
@@ -703,3 +704,44 @@ def test_http_silence_is_a_timeout(bundle: Bundle) -> None:
         result = call(tool, path="x")
     assert result.is_error
     assert result.content == f"usage_skill: http://127.0.0.1:{port} did not answer within 0.5 s"
+
+
+def test_a_tools_class_is_at_least_what_it_does(bundle: Bundle) -> None:
+    """A manifest cannot call a DELETE or a script with the network ``read``: its class is
+    raised (and said), so every call of it needs a person; GET and HEAD stay read."""
+    bundle.script("probe.sh", "#!/bin/sh\necho probe\n")
+    tools = bundle.load(
+        [
+            {**http_tool("http://127.0.0.1:9/x", method="DELETE"), "name": "drop_skill"},
+            {**http_tool("http://127.0.0.1:9/x", method="HEAD"), "name": "peek_skill"},
+            {**script_tool("scripts/probe.sh", [], run={"network": True}), "name": "fetch_skill"},
+            script_tool("scripts/probe.sh", []),
+        ]
+    )
+    by_name = {t.name: t for t in tools}
+    assert {n: t.tool_class.value for n, t in by_name.items()} == {
+        "drop_skill": "write",
+        "peek_skill": "read",
+        "fetch_skill": "write",
+        "probe_skill": "read",
+    }
+    assert by_name["drop_skill"].class_note == (
+        "declared class read, runs as write: an HTTP DELETE request changes what it reaches"
+    )
+    assert by_name["fetch_skill"].executor.network is True
+    assert by_name["probe_skill"].class_note == ""
+
+
+def test_a_plugins_tools_are_named_after_it(bundle: Bundle) -> None:
+    bundle.script("probe.sh", "#!/bin/sh\necho probe\n")
+    path = bundle.manifest([script_tool("scripts/probe.sh", [])])
+    (tool,) = load_manifest(path, bundle.root, plugin="plugin-dev")
+    assert (tool.name, tool.base_name, tool.bundle) == (
+        "plugin-dev__probe_skill",
+        "probe_skill",
+        "plugin-dev",
+    )
+    long = qualified_name("p" * 60, "probe_skill")
+    assert len(long) == 64 and long.endswith("_skill") and long != qualified_name("p" * 61, "x")
+    doubled = {**script_tool("scripts/probe.sh", []), "name": "a__b_skill"}
+    assert "tools[0] (a__b_skill).name: may not hold '__'" in bundle.refusal([doubled])

@@ -125,8 +125,8 @@ def test_both_shapes_give_keyed_servers() -> None:
     }
     servers, problems = parse_mcp_json(wrapped, plugin="tools", plugin_root="/p", where="w")
     assert problems == []
-    assert sorted(servers) == ["tools_docs", "tools_git"]
-    git = servers["tools_git"]
+    assert sorted(servers) == ["tools__docs", "tools__git"]
+    git = servers["tools__git"]
     assert (git.transport, git.command, git.args, dict(git.env)) == (
         "stdio",
         "uvx",
@@ -134,7 +134,7 @@ def test_both_shapes_give_keyed_servers() -> None:
         {"A": "${A:-1}"},
     )
     assert (git.plugin, git.plugin_root) == ("tools", "/p")
-    docs = servers["tools_docs"]
+    docs = servers["tools__docs"]
     assert (docs.transport, docs.url, dict(docs.headers)) == (
         "http",
         "https://x.test/mcp",
@@ -164,13 +164,15 @@ def test_a_bad_server_is_a_problem_and_the_others_stay() -> None:
             "ws": {"type": "ws", "url": "ws://x.test/"},
             "a.b": {"command": "x"},
             "a_b": {"command": "y"},
+            "b__c": {"command": "z"},
             "list": ["not", "an", "object"],
         }
     }
     servers, problems = parse_mcp_json(data, plugin="p", plugin_root="", where="p/.mcp.json")
-    assert sorted(servers) == ["p_a_b", "p_good"]
+    assert sorted(servers) == ["p__a_b", "p__good"]
     text = "\n".join(problems)
-    assert len(problems) == 8, text
+    assert len(problems) == 9, text
+    assert "mcpServers.b__c: its name may not hold '__'" in text
     assert all(p.startswith("p/.mcp.json: mcpServers.") for p in problems)
     assert "mcpServers.old: sse transport is not supported" in text
     assert "mcpServers.nocmd: a stdio server needs a command" in text
@@ -178,7 +180,7 @@ def test_a_bad_server_is_a_problem_and_the_others_stay() -> None:
     assert "env.N must be a string" in text
     assert "'ftp://x.test/' is not an http(s) URL" in text
     assert "transport 'ws' is not supported" in text
-    assert "mcpServers.a_b: its key 'p_a_b' is the same as server 'a.b'" in text
+    assert "mcpServers.a_b: its key 'p__a_b' is the same as server 'a.b'" in text
     assert "mcpServers.list: expected an object, got a list" in text
 
     assert parse_mcp_json([1], plugin="", plugin_root="", where="f")[1] == [
@@ -268,6 +270,21 @@ def test_stdio_tools_classes_and_calls(hub: McpHub) -> None:
     assert status["state"] == "up" and status["restarts"] == 0 and status["last_error"] == ""
     assert "mcp__demo_echo__wipe" in status["tools"]
     assert psutil.Process(status["pid"]).cmdline()[-1] == ECHO
+
+
+def test_a_plugins_server_cannot_raise_its_tools_past_its_install(hub: McpHub) -> None:
+    """Installed read-only, a plugin's server keeps its read tools; its write and destructive
+    ones (by their own annotations) never reach a bag, and its status says why."""
+    config = stdio("ops__echo", plugin="ops", max_tool_class="read")
+    hub.reconcile({"ops__echo": config})
+    tools = by_name(hub)
+    assert tools["mcp__ops__echo__echo"].tool_class is ToolClass.READ
+    assert tools["mcp__ops__echo__echo"].bundle == "ops"
+    assert "mcp__ops__echo__note" not in tools and "mcp__ops__echo__wipe" not in tools
+    problems = "\n".join(hub.status()["ops__echo"]["problems"])
+    assert "tool 'wipe' left out: its class destructive is more than plugin ops's install" in (
+        problems
+    )
 
 
 def test_stdio_server_gets_a_clean_environment_and_the_plugin_root(

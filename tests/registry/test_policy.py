@@ -64,6 +64,25 @@ def test_empty_tools_inherits_the_role_set() -> None:
     assert all(e.confirmation is Confirmation.NONE for e in bag)
 
 
+def test_a_bundles_tools_are_never_inherited_only_asked_for() -> None:
+    """A generalist (empty ``tools``, role ``*``) gets the runtime's own tools and none a plugin
+    or an MCP server brought; naming one, or a pattern that matches it, brings it in."""
+    restart = _tool("ops__restart_skill", "read")
+    restart.bundle = "ops"
+    clock = _tool("mcp__timekit__time__now", "read")
+    clock.bundle = "timekit"
+    catalog = ToolCatalog([*CATALOG, restart, clock])
+    generalist = resolve_bag(_persona(), catalog, ALL)
+    assert generalist.names() == READS
+    assert not {d.name for d in generalist.dropped} & {restart.name, clock.name}
+    named = resolve_bag(_persona(tools=["host_probe", "ops__restart_skill"]), catalog, ALL)
+    assert named.names() == ["host_probe", "ops__restart_skill"]
+    assert resolve_bag(_persona(tools=["mcp__timekit__*"]), catalog, ALL).names() == [
+        "mcp__timekit__time__now"
+    ]
+    assert "ops__restart_skill" in resolve_bag(_persona(tools=["*"]), catalog, ALL).names()
+
+
 def test_role_patterns_limit_the_bag() -> None:
     assert _bag(["query_*", "host_probe"]).names() == ["query_promql", "query_logs", "host_probe"]
     assert _bag([]).names() == []

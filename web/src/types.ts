@@ -329,6 +329,11 @@ export interface InstalledPlugin {
   path: string;
   allowed_mode: string;
   mcp: boolean;
+  /** Granted at install: the network (through the workers' egress proxy), a writable folder. */
+  network?: boolean;
+  writable?: boolean;
+  /** What the install lets it do, one line each. */
+  grants?: string[];
   installed_by: string;
   installed_at: string | null;
   agents?: string[];

@@ -548,6 +548,8 @@ function Install({
   const { api } = useApp();
   const [mode, setMode] = useState<AllowMode>("read-only");
   const [mcp, setMcp] = useState(true);
+  const [network, setNetwork] = useState(false);
+  const [writable, setWritable] = useState(false);
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
 
@@ -555,7 +557,7 @@ function Install({
     setBusy(true);
     setError(null);
     try {
-      const body = { plugin: `${plugin}@${marketplace}`, allow_mode: mode, mcp };
+      const body = { plugin: `${plugin}@${marketplace}`, allow_mode: mode, mcp, network, writable };
       const out = await api.post<InstallOutcome>(PLUGINS, body, SLOW_MS);
       const version = out.version ? ` ${out.version}` : "";
       await onChanged(
@@ -593,6 +595,27 @@ function Install({
           onChange={(e) => setMcp(e.currentTarget.checked)}
         />{" "}
         MCP servers<span class="visually-hidden"> of {plugin}</span>
+      </label>
+      <label
+        class="plugins-check"
+        title="Let its scripts that declare it and its MCP servers reach the network, through the workers' egress proxy (never this cluster's Redis, database or hosts)"
+      >
+        <input
+          type="checkbox"
+          checked={network}
+          disabled={busy}
+          onChange={(e) => setNetwork(e.currentTarget.checked)}
+        />{" "}
+        Network<span class="visually-hidden"> for {plugin}</span>
+      </label>
+      <label class="plugins-check" title="Give its MCP servers a writable folder of their own">
+        <input
+          type="checkbox"
+          checked={writable}
+          disabled={busy}
+          onChange={(e) => setWritable(e.currentTarget.checked)}
+        />{" "}
+        Writable folder<span class="visually-hidden"> for {plugin}</span>
       </label>
       <button type="button" disabled={busy} onClick={() => void install()}>
         {busy ? "Installing…" : "Install"}
@@ -777,6 +800,13 @@ function InstalledCard({
           {!plugin.mcp && (plugin.mcp_servers?.length ?? 0) > 0 && (
             <div class="muted">not started: installed without MCP servers</div>
           )}
+        </Fact>
+        <Fact term="Grants">
+          <ul class="plugins-grants" data-testid="plugin-grants">
+            {(plugin.grants ?? []).map((grant) => (
+              <li key={grant}>{grant}</li>
+            ))}
+          </ul>
         </Fact>
         <Fact term="Source">
           <span class="settings-path">
