@@ -220,9 +220,10 @@ def _run_script(
         relative = os.path.relpath(os.path.realpath(ex.script), os.path.realpath(ex.cwd))
         script = f"{sandbox.bundle_dir}/{relative}"
     argv += [script, *(_fill(arg, values) for arg in ex.args)]
+    note = ""
     if sandbox is not None:
         try:
-            argv = sandbox.confine(argv, workdir=str(ex.cwd))
+            argv, note = _confined(sandbox, name, ex, argv)
         except RuntimeError as exc:
             return ToolResult(f"{name}: not run: {exc}", is_error=True)
     with tempfile.TemporaryDirectory(prefix="ongrid-skill-", ignore_cleanup_errors=True) as home:
@@ -241,7 +242,26 @@ def _run_script(
         status, out, err = _supervise(proc, ex, context)
     if status == "stopping":
         raise WorkerDraining(f"the worker is shutting down: {name} was stopped")
-    return _script_result(status, proc.returncode, ex, out, err)
+    result = _script_result(status, proc.returncode, ex, out, err)
+    if note:
+        result = ToolResult(f"{note}\n{result.content}", result.is_error, result.data)
+    return result
+
+
+def _confined(
+    sandbox: Any, name: str, ex: ScriptExecutor, argv: list[str]
+) -> tuple[list[str], str]:
+    """The sandbox's command line for the script, and a note when the network it was granted
+    cannot be given here: it then runs with none (never with the host's)."""
+    if ex.network:
+        try:
+            return sandbox.confine(argv, workdir=str(ex.cwd), network=name), ""
+        except RuntimeError as exc:
+            if "no sandbox" in str(exc):
+                raise
+            note = f"[{name} ran with no network: {exc}]"
+            return sandbox.confine(argv, workdir=str(ex.cwd)), note
+    return sandbox.confine(argv, workdir=str(ex.cwd)), ""
 
 
 def _script_result(

@@ -10,6 +10,7 @@ fakes the request's framing or reads a variable other than ``ONGRID_SKILL_*``.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -200,6 +201,28 @@ def _check_url(url: str, schema: dict[str, Any]) -> None:
         raise _Problem(where, "no credentials in the URL: send them in a header")
     if parts.fragment:
         raise _Problem(where, "a URL fragment (#...) is never sent: remove it")
+    if _metadata_host(parts.hostname):
+        raise _Problem(
+            where,
+            f"{parts.hostname} is a link-local or cloud metadata address: the worker's own "
+            "credentials live there, and a manifest may not ask for them",
+        )
+
+
+#: Names of cloud metadata services (their addresses are link-local, refused below too).
+_METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "instance-data"})
+
+
+def _metadata_host(host: str) -> bool:
+    """Whether ``host``, as written, names a link-local address or a metadata service."""
+    name = host.lower().rstrip(".")
+    if name in _METADATA_NAMES or name.endswith(".metadata.google.internal"):
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return address.is_link_local or str(address) in {"100.100.100.200", "fd00:ec2::254"}
 
 
 def _check_headers(headers: Mapping[str, str]) -> None:

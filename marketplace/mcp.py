@@ -29,10 +29,12 @@ from collections import deque
 from collections.abc import Collection, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from marketplace._mcp_connection import (
     STDERR_LINES,
+    _Ended,
     _handshake,
     _Notifications,
     _open_http,
@@ -103,6 +105,9 @@ class McpHub:
     variables a reference may read (``mcp_env_allow``; a secret-named one never), and
     ``secrets`` are the skill secrets (``ONGRID_SKILL_*``) the config file's servers may also
     read, never a plugin's (:func:`~marketplace._mcp_connection._resolve` has the rules).
+    ``sandbox`` (a :class:`workers.sandbox.Sandbox`) is where a plugin's stdio servers run:
+    without one they do not start at all (the config file's own servers run as they are);
+    ``plugin_data`` is where the folders of plugins granted a writable one are made.
     ``start_timeout`` bounds a server's start (spawn,
     ``initialize``, ``tools/list``) and is how long :meth:`reconcile` waits by default;
     ``call_timeout`` bounds each tool call. Every method may be called from any thread but the
@@ -115,12 +120,16 @@ class McpHub:
         environ: Mapping[str, str] | None = None,
         allow: Collection[str] = (),
         secrets: Mapping[str, str] | None = None,
+        sandbox: Any = None,
+        plugin_data: Path | None = None,
         start_timeout: float = 20.0,
         call_timeout: float = 120.0,
     ) -> None:
         self._environ = dict(os.environ if environ is None else environ)
         self._allow = frozenset(allow)
         self._secrets = dict(secrets or {})
+        self._sandbox = sandbox
+        self._plugin_data = plugin_data
         self._start_timeout = start_timeout
         self._call_timeout = call_timeout
         self._lock = threading.Lock()
@@ -326,7 +335,7 @@ class McpHub:
     ) -> tuple[Any, Any]:
         if server.config.transport == "http":
             return await _open_http(stack, opened)
-        streams, pid = await _open_stdio(stack, opened, stderr)
+        streams, pid = await _open_stdio(stack, self._confined(server.config, opened), stderr)
         self._update(server, pid=pid)
         return streams
 
@@ -391,6 +400,42 @@ class McpHub:
         )
         server.settled.set()
         logger.info("MCP server %s is up with %d tools", server.config.key, len(tools))
+
+    def _confined(self, config: McpServerConfig, opened: dict[str, Any]) -> dict[str, Any]:
+        """A plugin's stdio server as the worker's sandbox runs it (:meth:`workers.sandbox.
+        Sandbox.confine_server`); the config file's own as it is."""
+        if not config.sandboxed:
+            return opened
+        if self._sandbox is None:
+            raise _Ended(
+                "a plugin's stdio server runs only in the worker's sandbox, and this process "
+                "has none: it is not started"
+            )
+        writable = self._data_folder(config.plugin) if config.writable else ""
+        try:
+            argv, added = self._sandbox.confine_server(
+                [opened["command"], *opened["args"]],
+                root=config.plugin_root,
+                plugin=config.plugin,
+                network=config.network,
+                writable=writable,
+            )
+        except RuntimeError as exc:
+            raise _Ended(f"not started: {exc}") from None
+        env = {**opened["env"], **added}
+        return {"command": argv[0], "args": argv[1:], "env": env, "cwd": config.plugin_root}
+
+    def _data_folder(self, plugin: str) -> str:
+        """``<plugin_data>/<plugin>``, made for the sandbox's user to write."""
+        if self._plugin_data is None:
+            raise _Ended("not started: this worker has no folder for plugins' data")
+        folder = self._plugin_data / plugin
+        folder.mkdir(parents=True, exist_ok=True)
+        owner = getattr(self._sandbox, "owner", None)
+        if owner is not None:
+            os.chown(folder, *owner())
+        os.chmod(folder, 0o700)
+        return str(folder)
 
     def _update(self, server: _Server, **changes: Any) -> None:
         with self._lock:

@@ -41,6 +41,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -72,6 +73,7 @@ from workers.approvals import ApprovalFeed
 from workers.budget import BudgetGuard, BudgetReached, Reached, notification_text, partial_answer
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import enqueue
+from workers.egress import EgressPolicy, EgressProxy
 from workers.engine import Engine
 from workers.events import EventBus
 from workers.hardening import ProviderCredentials
@@ -164,6 +166,8 @@ class WorkerRuntime:
         self.registry: AgentRegistry = build_registry(settings)
         self.catalog: ToolCatalog = default_catalog(settings.tool_modules)
         self.sandbox = Sandbox.for_worker(settings)
+        # Bundle code granted the network reaches it through this proxy only (made on first use).
+        self.sandbox.egress = EgressProxy(EgressPolicy.for_settings(settings))
         #: Model provider keys; a worker process replaces them with those it took out of the
         #: environment (:func:`workers.hardening.harden_process`).
         self.credentials = ProviderCredentials.from_environ()
@@ -255,7 +259,10 @@ class WorkerRuntime:
             # for the config file's own servers, the skill secrets): never the keys and URLs
             # hardening took out of the environment.
             self.mcp = McpHub(
-                allow=self.settings.mcp_env_allow, secrets=self.credentials.skill_secrets()
+                allow=self.settings.mcp_env_allow,
+                secrets=self.credentials.skill_secrets(),
+                sandbox=self.sandbox,
+                plugin_data=Path(self.settings.data_dir).resolve() / "plugin-data",
             )
         hub = self.mcp
         hub.reconcile(servers, wait=None if wait else 0)
@@ -716,6 +723,7 @@ class WorkerRuntime:
         self.follower.stop()
         if self.mcp is not None:
             self.mcp.close()
+        self.sandbox.egress.close()
         if self.engine.running:
             with contextlib.suppress(Exception):
                 self.engine.run(self._close())

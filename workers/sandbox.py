@@ -19,9 +19,21 @@ makes a diagnostic command do, it cannot reach the worker:
 * the host's own mount table, copied in at ``/tmp/.host/mountinfo`` for ``findmnt``, because
   inside the sandbox every mount carries the read-only flag of the bind.
 
-The network namespace is the host's: ``ss`` and ``ip`` must see the host's sockets and links.
+For the diagnostics (:meth:`Sandbox.run`) the network namespace is the host's: ``ss`` and ``ip``
+must see the host's sockets and links, and they are allow-listed programs. **Bundle code**
+(:meth:`Sandbox.confine`: a skill-manifest script, a plugin's MCP stdio server) gets a network
+namespace of its own, with nothing in it but its loopback: it reaches neither the host's
+loopback (the runtime's Redis, its database, its API) nor anything else. A plugin the install
+granted the network reaches it only through the worker's egress proxy (:mod:`workers.egress`),
+bridged onto the sandbox's loopback (:mod:`workers._egress_bridge`) and named by the standard
+proxy variables; the proxy refuses the runtime's own services whatever the grant.
+
+The interpreter the worker runs on (its Python installation, and the virtual environment it
+uses) stays readable even where it lies under a hidden path such as root's home: a bundle's
+Python server needs one, and it holds no secret.
+
 Where bubblewrap is missing or the kernel refuses the namespaces, :meth:`Sandbox.unavailable`
-says why and nothing runs: the diagnostics are never run unconfined.
+says why and nothing runs: neither the diagnostics nor bundle code ever run unconfined.
 """
 
 from __future__ import annotations
@@ -34,13 +46,23 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
-__all__ = ["BUNDLE_DIR", "HOST_MOUNTINFO", "SAFE_PATH", "Completed", "Sandbox", "run_argv"]
+__all__ = [
+    "BUNDLE_DIR",
+    "EGRESS_PORT",
+    "HOST_MOUNTINFO",
+    "PLUGIN_DATA_DIR",
+    "SAFE_PATH",
+    "Completed",
+    "Sandbox",
+    "run_argv",
+]
 
 #: The only PATH a command gets, in the sandbox and out: system directories, never the worker's.
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -48,6 +70,15 @@ SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOST_MOUNTINFO = "/tmp/.host/mountinfo"
 #: Where :meth:`Sandbox.confine` shows a bundle's folder (a skill's scripts run from there).
 BUNDLE_DIR = "/tmp/bundle"
+#: Where a plugin granted a writable folder finds it (``CLAUDE_PLUGIN_DATA``).
+PLUGIN_DATA_DIR = "/tmp/plugin-data"
+#: The port of the egress bridge on the sandbox's own loopback.
+EGRESS_PORT = 3128
+#: Where the egress proxy's socket and the bridge appear in the sandbox.
+_EGRESS_SOCKET = "/tmp/.egress/proxy.sock"
+_EGRESS_BRIDGE = "/tmp/.egress/bridge.py"
+#: The most a plugin's MCP server granted a writable folder may write into one file.
+_WRITABLE_FSIZE = 1024**3
 #: Paths hidden on every host, besides the worker's own (they hold mounted secrets by convention).
 ALWAYS_HIDDEN = ("/run/secrets", "/var/run/secrets", "/etc/ongrid")
 STDOUT_LIMIT = 16 * 1024
@@ -169,7 +200,11 @@ class Sandbox:
     ) -> None:
         self.user, self.groups = user, tuple(groups)
         self.hide = _absolute([*ALWAYS_HIDDEN, *hide])
-        self.show = [p for p in _absolute(show) if os.path.exists(p)]
+        interpreter = [sys.base_prefix, sys.prefix]  # see the module docstring
+        self.show = [p for p in _absolute([*show, *interpreter]) if os.path.exists(p)]
+        #: The worker's egress proxy (a :class:`workers.egress.EgressProxy`), for bundle code a
+        #: plugin's install granted the network; ``None``: no bundle code gets any.
+        self.egress: Any = None
         self._lock = threading.Lock()
         self._probed = False
         self._unavailable: str | None = None
@@ -279,24 +314,121 @@ class Sandbox:
             os.close(mountinfo)
         return Completed(tuple(argv), done.exit_code, done.stdout, done.stderr)
 
-    def confine(self, argv: Sequence[str], *, workdir: str) -> list[str]:
-        """The command line that runs ``argv`` confined as :meth:`run` does, with ``workdir``
-        (a bundle's folder) bound read-only at :data:`BUNDLE_DIR` and its working directory
-        there, for a caller that starts and supervises the process itself. Paths of ``argv``
-        under ``workdir`` must already be written as under :data:`BUNDLE_DIR`.
+    def confine(
+        self,
+        argv: Sequence[str],
+        *,
+        workdir: str,
+        network: str = "",
+    ) -> list[str]:
+        """The command line that runs ``argv`` confined as :meth:`run` does, in a network
+        namespace of its own, with ``workdir`` (a bundle's folder) bound read-only at
+        :data:`BUNDLE_DIR` and its working directory there, for a caller that starts and
+        supervises the process itself. Paths of ``argv`` under ``workdir`` must already be
+        written as under :data:`BUNDLE_DIR`. ``network`` names who was granted the network
+        (the plugin), for the egress proxy; empty: none.
 
         bwrap binds ``workdir`` before it drops privileges, so the folders above it need not be
         readable by the sandbox's user; the files in it must be. :class:`RuntimeError` when
-        the sandbox is unavailable: nothing then runs unconfined."""
+        the sandbox (or, for ``network``, the egress proxy) is unavailable: nothing then runs
+        unconfined, and nothing falls back to the host's network."""
+        switch = self._ready()
+        bind = ["--ro-bind", os.path.realpath(workdir), BUNDLE_DIR]
+        env = {"HOME": "/tmp"}
+        wrap: list[str] = []
+        if network:
+            extra, wrap, proxy_env = self._egress(network)
+            bind += extra
+            env.update(proxy_env)
+        args = self._arguments(None, binds=bind, chdir=BUNDLE_DIR, env=env)
+        return self._command(args, switch, [*wrap, *argv], fsize=0)
+
+    def confine_server(
+        self,
+        argv: Sequence[str],
+        *,
+        root: str,
+        plugin: str,
+        network: bool = False,
+        writable: str = "",
+    ) -> tuple[list[str], dict[str, str]]:
+        """The command line that runs a plugin's MCP stdio server ``argv`` confined, and the
+        variables to add to its environment: namespaces of its own (the network's too), the
+        filesystem read-only with the worker's files hidden, the plugin's installed folder
+        ``root`` readable at its own path (so ``${CLAUDE_PLUGIN_ROOT}`` keeps working) and its
+        working directory. With ``network``, the egress proxy as for :meth:`confine`; with
+        ``writable`` (a host folder, made for the plugin), that folder read-write at
+        :data:`PLUGIN_DATA_DIR` (``CLAUDE_PLUGIN_DATA``), and files up to 1 GiB instead of none.
+
+        The environment is not on the command line (other local users read command lines):
+        the caller gives the process its environment, which bwrap passes on as it is."""
+        switch = self._ready()
+        binds: list[str] = []
+        added: dict[str, str] = {}
+        wrap: list[str] = []
+        if network:
+            extra, wrap, proxy_env = self._egress(plugin)
+            binds += extra
+            added.update(proxy_env)
+        fsize = 0
+        if writable:
+            binds += ["--bind", os.path.realpath(writable), PLUGIN_DATA_DIR]
+            added["CLAUDE_PLUGIN_DATA"] = PLUGIN_DATA_DIR
+            fsize = _WRITABLE_FSIZE
+        real_root = os.path.realpath(root)
+        args = self._arguments(None, binds=binds, chdir=real_root, env=None, show=[real_root])
+        return self._command(args, switch, [*wrap, *argv], fsize=fsize), added
+
+    def owner(self) -> tuple[int, int]:
+        """(uid, gid) bundle code runs as: the sandbox user's when the worker is root."""
+        if os.geteuid() != 0:
+            return os.geteuid(), os.getegid()
+        account = pwd.getpwnam(self.user)
+        return account.pw_uid, account.pw_gid
+
+    def _ready(self) -> list[str]:
         why = self.unavailable()
         if why is not None:
             raise RuntimeError(f"no sandbox: {why}")
-        switch = self._switch_user()
         assert self._bwrap is not None and self._prlimit is not None
-        limits = [self._prlimit, "--fsize=0", "--core=0", "--"]
-        bind = ["--ro-bind", os.path.realpath(workdir), BUNDLE_DIR]
-        args = self._arguments(None, binds=bind, chdir=BUNDLE_DIR, env={"HOME": "/tmp"})
-        return [self._bwrap, *self._namespaces(bool(switch)), *args, "--", *switch, *limits, *argv]
+        return self._switch_user()
+
+    def _command(
+        self, args: list[str], switch: list[str], argv: Sequence[str], *, fsize: int
+    ) -> list[str]:
+        assert self._bwrap is not None and self._prlimit is not None
+        limits = [self._prlimit, f"--fsize={fsize}", "--core=0", "--"]
+        namespaces = [*self._namespaces(bool(switch)), "--unshare-net"]
+        return [self._bwrap, *namespaces, *args, "--", *switch, *limits, *argv]
+
+    def _egress(self, label: str) -> tuple[list[str], list[str], dict[str, str]]:
+        """The binds, the command prefix and the variables that route ``label``'s bundle code
+        through the egress proxy; :class:`RuntimeError` when there is no proxy to route to."""
+        if self.egress is None:
+            raise RuntimeError("no egress proxy on this worker: the network cannot be granted")
+        python = shutil.which("python3", path=SAFE_PATH)
+        if python is None:
+            raise RuntimeError(
+                f"no python3 in {SAFE_PATH}: the sandbox's bridge to the egress proxy needs one"
+            )
+        from workers import _egress_bridge
+
+        socket_path = self.egress.socket_for(label)
+        binds = [
+            # bwrap makes the folders on the way root's and 0700: the sandbox's user must enter.
+            "--perms", "0755", "--dir", os.path.dirname(_EGRESS_SOCKET),
+            "--ro-bind", socket_path, _EGRESS_SOCKET,
+            "--ro-bind", os.path.realpath(_egress_bridge.__file__), _EGRESS_BRIDGE,
+        ]  # fmt: skip
+        wrap = [python, "-I", "-S", _EGRESS_BRIDGE, str(EGRESS_PORT), _EGRESS_SOCKET, "--"]
+        proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+        env = {
+            name: proxy
+            for base in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+            for name in (base, base.lower())
+        }
+        env.update(NO_PROXY="", no_proxy="")
+        return binds, wrap, env
 
     @staticmethod
     def _namespaces(as_root: bool) -> list[str]:
@@ -313,10 +445,12 @@ class Sandbox:
         *,
         binds: Sequence[str] = (),
         chdir: str = "/",
-        env: dict[str, str] | None = None,
+        env: dict[str, str] | None = {},  # noqa: B006 - read only; None: keep the caller's
+        show: Sequence[str] = (),
     ) -> list[str]:
         """bwrap's arguments; ``binds`` are mounted in the sandbox's ``/tmp`` before it is made
-        read-only."""
+        read-only, ``show`` are more paths to show again; ``env`` is the whole environment
+        (with the clean one), ``None`` leaves the process's own as bwrap got it."""
         args = [
             "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/",
@@ -328,13 +462,14 @@ class Sandbox:
         if mountinfo_fd is not None:
             args += ["--dir", os.path.dirname(HOST_MOUNTINFO)]
             args += ["--file", str(mountinfo_fd), HOST_MOUNTINFO]
-        masks, remount = _masks(self.hide, self.show)
+        masks, remount = _masks(self.hide, [*self.show, *show])
         args += masks
         for path in ["/tmp", *remount]:  # tmpfs mounts are writable until remounted
             args += ["--remount-ro", path]
-        args += ["--clearenv"]
-        for key, value_ in {**child_env(), **(env or {})}.items():
-            args += ["--setenv", key, value_]
+        if env is not None:
+            args += ["--clearenv"]
+            for key, value_ in {**child_env(), **env}.items():
+                args += ["--setenv", key, value_]
         return [*args, "--chdir", chdir]
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import textwrap
 import urllib.request
 from pathlib import Path
@@ -102,8 +104,14 @@ def _mcp_up(port: int) -> dict[str, float]:
 
 
 def _server_pids(worker: Worker, marker: str) -> list[int]:
+    """The server processes themselves: a plugin's run in the sandbox, whose bwrap processes
+    carry the server's command line too."""
     children = psutil.Process(worker.pid).children(recursive=True)
-    return [c.pid for c in children if any(marker in part for part in c.cmdline())]
+    return [
+        c.pid
+        for c in children
+        if c.name() != "bwrap" and any(marker in part for part in c.cmdline())
+    ]
 
 
 def _timekit(source: Path, down_flag: Path) -> None:
@@ -129,7 +137,10 @@ def _timekit(source: Path, down_flag: Path) -> None:
 def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
     cluster: Cluster, tmp_path: Path
 ):
-    down = tmp_path / "tickets-down"
+    # Where the sandboxed server can look: the sandbox hides the worker's own /tmp.
+    shared = Path(tempfile.mkdtemp(prefix="ongrid-test-", dir="/var/tmp"))
+    shared.chmod(0o755)
+    down = shared / "tickets-down"
     source = tmp_path / "market"
     _timekit(source, down)
     marketplace(source, "local", [{"name": "timekit", "source": "./plugins/timekit"}])
@@ -224,6 +235,7 @@ def test_mcp_tools_run_through_the_bag_and_approvals_and_survive_their_server(
         30,
         "both servers of the removed plugin to stop",
     )
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_a_skill_manifest_script_is_a_tool_and_bad_manifests_are_refused(

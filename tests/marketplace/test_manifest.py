@@ -619,6 +619,10 @@ def test_http_unreachable_is_an_error_naming_the_origin(bundle: Bundle) -> None:
         ("http://127.0.0.1/", {"method": "POST", "body": {"a": "{x}"}}, "placeholder {x}"),
         ("http://127.0.0.1/", {"method": "POST", "body": "{a"}, "write {{ or }} for a brace"),
         ("http://127.0.0.1/", {"method": "TRACE"}, "http.method"),
+        ("http://169.254.169.254/latest/meta-data/", {}, "cloud metadata address"),
+        ("http://[fe80::1]/x", {}, "link-local"),
+        ("http://metadata.google.internal/x", {}, "cloud metadata address"),
+        ("http://100.100.100.200/x", {}, "cloud metadata address"),
     ],
 )
 def test_refuses_bad_http_templates(
