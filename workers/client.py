@@ -26,6 +26,7 @@ from workers.budget import SpawnBudget
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, SPAWN_TASK, make_celery
 from workers.consumers import NoConsumer, live_consumers
 from workers.events import EventBus
+from workers.limits import RateWindow
 from workers.messages import Event, TaskNotification
 from workers.reload import broadcast_reload
 from workers.spawns import UNHELD_STATUSES, SpawnRecord, SpawnStore
@@ -79,6 +80,14 @@ class SpawnClient:
         self.store = SpawnStore(self.redis)
         self.bus = EventBus(self.redis)
         self.approvals = ApprovalFeed(self.redis)
+        #: Spawns per user and minute, counted across the cluster (``limits.spawns_per_minute``).
+        self.spawn_rate = RateWindow(
+            self.redis,
+            "spawns",
+            settings.limits.spawns_per_minute,
+            limit_name="spawns_per_minute",
+            what="spawns",
+        )
         self.registry = registry if registry is not None else build_registry(settings)
 
     def snapshot(self) -> Snapshot:
@@ -114,6 +123,10 @@ class SpawnClient:
         not consulted for it. A queue no live worker consumes is refused with
         :class:`~workers.consumers.NoConsumer` before anything is written, unless
         ``require_consumer`` is false (for workers that scale up from zero on queue length).
+
+        A ``user``'s spawns are counted across the cluster, a coordinator's dispatches included:
+        past ``limits.spawns_per_minute`` a spawn is refused with
+        :class:`~workers.limits.LimitExceeded` before anything is written.
         """
         if spawn_id is not None:
             existing = self.store.get(spawn_id)
@@ -136,6 +149,8 @@ class SpawnClient:
             raise NotFoundError("role", role, sorted(self.settings.roles))
         if require_consumer:
             self.require_consumer(queue)
+        if user:  # a spawn of nobody's (the CLI's, a script's) is the operator's own
+            self.spawn_rate.take(user)
         record = SpawnRecord(
             session_id=session_id or uuid.uuid4().hex,
             persona=persona,

@@ -15,7 +15,13 @@ reconnect, or a quiet channel (a message may have been lost with a dropped conne
 subscriber back to the stream, and anything at or below the last delivered ``seq`` is dropped.
 
 That protocol is written once, in :func:`_follow`, as a generator of I/O requests; the blocking
-:meth:`EventBus.subscribe` and the asyncio :meth:`EventBus.asubscribe` only carry the requests out.
+:meth:`EventBus.subscribe` and the asyncio :meth:`EventBus.asubscribe` only carry the requests out,
+each on a pub/sub connection of its own. :meth:`EventBus.afollow` carries them out for a server
+that follows many sessions at once: its live messages come from a subscription on a pub/sub
+connection the process shares (:class:`SharedLive`, e.g. the HTTP API's stream hub), its stored
+events from a shared connection pool; a subscription that lost messages (its queue overflowed,
+the shared connection was re-established) says so with :data:`GAP`, and the subscriber reads the
+stream.
 Publishing is written once too: :meth:`EventBus.publish` runs the script for one event, and
 :meth:`EventBus.apublish_many` runs it for many events in one pipeline (one round trip) on asyncio.
 """
@@ -23,11 +29,12 @@ Publishing is written once too: :meth:`EventBus.publish` runs the script for one
 from __future__ import annotations
 
 import asyncio
+import enum
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import redis
 import redis.asyncio
@@ -38,7 +45,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from registry.errors import UserError
 from workers.messages import EVENT_ADAPTER, Event
 
-__all__ = ["EventBus", "Outgoing", "Published", "SessionKeys"]
+__all__ = ["GAP", "EventBus", "Gap", "Outgoing", "Published", "SessionKeys", "SharedLive"]
 
 #: Stream entries read per XRANGE while catching up.
 _CHUNK = 500
@@ -138,6 +145,29 @@ class SessionKeys(NamedTuple):
 
 class _Flag(Protocol):
     def is_set(self) -> bool: ...
+
+
+class Gap(enum.Enum):
+    """What a :class:`SharedLive` hands out when live messages may have been lost."""
+
+    GAP = "gap"
+
+
+#: Live messages may have been lost since the last one: read the stream.
+GAP = Gap.GAP
+
+
+class SharedLive(Protocol):
+    """One reader's subscription to a session's channel on a pub/sub connection that many
+    readers share; :meth:`EventBus.afollow` follows the session through it."""
+
+    async def listen(self) -> None:
+        """Return once the channel is subscribed on the shared connection (at once if it is);
+        raise a redis ``ConnectionError`` or ``TimeoutError`` when it is not within a bound."""
+
+    async def receive(self, wait: float) -> bytes | Literal[Gap.GAP] | None:
+        """The next message published on the channel (its data); :data:`GAP` when messages may
+        have been lost since the last one; ``None`` when none came within ``wait`` seconds."""
 
 
 class EventBus:
@@ -334,6 +364,26 @@ class EventBus:
         steps = _follow(after_seq, stop, timeout, until, self.recheck, self.retry_for)
         return _adrive(steps, _AsyncIO(self, self._aclient, session_id))
 
+    def afollow(
+        self,
+        session_id: str,
+        after_seq: int,
+        *,
+        live: SharedLive,
+        client: redis.asyncio.Redis,
+        stop: asyncio.Event | threading.Event | None = None,
+        timeout: float | None = None,
+        until: Callable[[Event], bool] | None = None,
+    ) -> AsyncIterator[Event]:
+        """:meth:`asubscribe` on shared connections: live messages come from ``live``, a
+        subscription to the channel of :meth:`keys` ``(session_id)`` that stays its owner's
+        (it is neither opened nor closed here), stored events are read with ``client`` (a
+        bounded pool many readers share). Same delivery: every event with ``seq > after_seq``
+        exactly once, in order; a :data:`GAP` or a quiet channel sends the reader to the
+        stream."""
+        steps = _follow(after_seq, stop, timeout, until, self.recheck, self.retry_for)
+        return _adrive(steps, _SharedIO(self, session_id, live, client))
+
 
 # --- the subscriber protocol, free of I/O ---------------------------------------------------------
 
@@ -353,7 +403,8 @@ class _Read:
 
 @dataclass(frozen=True, slots=True)
 class _Receive:
-    """Reply with the next live event, or ``None`` if none came within ``timeout`` seconds."""
+    """Reply with the next live event, or ``None`` if none came within ``timeout`` seconds, or
+    :data:`GAP` if live events may have been lost."""
 
     timeout: float
 
@@ -439,6 +490,9 @@ class _Cursor:
                     quiet_since = now
                 continue
             quiet_since = now
+            if event is GAP:  # the live messages in between are lost; the stream has them
+                yield from self.catch_up()
+                continue
             if event.seq > self.last + 1:
                 yield from self.catch_up()
             # Also after a catch-up: the stream may have expired while the channel still talks.
@@ -499,7 +553,13 @@ def _drive(steps: _Steps, io: _BlockingIO) -> Iterator[Event]:
         io.close()
 
 
-async def _adrive(steps: _Steps, io: _AsyncIO) -> AsyncIterator[Event]:
+class _AsyncRunner(Protocol):
+    async def run(self, op: _Op) -> Any: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def _adrive(steps: _Steps, io: _AsyncRunner) -> AsyncIterator[Event]:
     reply: Any = None
     failure: BaseException | None = None
     try:
@@ -608,6 +668,34 @@ class _AsyncIO(_PubSubIO):
     async def aclose(self) -> None:
         if (pubsub := self._detach()) is not None:
             await pubsub.aclose()
+
+
+class _SharedIO:
+    """The asyncio driver on shared connections: live messages from a :class:`SharedLive`,
+    stored events read on a shared pool. Holds nothing of its own to close."""
+
+    def __init__(
+        self, bus: EventBus, session_id: str, live: SharedLive, client: redis.asyncio.Redis
+    ) -> None:
+        self._stream, self._live, self._client = bus.keys(session_id).stream, live, client
+
+    async def run(self, op: _Op) -> Any:
+        match op:
+            case _Listen():
+                await self._live.listen()
+            case _Read(after, count):
+                return _decode_entries(
+                    await self._client.xrange(self._stream, *_after(after), count=count)
+                )
+            case _Receive(wait):
+                data = await self._live.receive(wait)
+                return data if data is None or data is GAP else EVENT_ADAPTER.validate_json(data)
+            case _Pause(seconds):
+                await asyncio.sleep(seconds)
+        return None
+
+    async def aclose(self) -> None:
+        return None
 
 
 # --- small helpers ----------------------------------------------------------------------------

@@ -1,11 +1,16 @@
-"""Server-Sent Events: a thin layer over :meth:`workers.events.EventBus.asubscribe`.
+"""Server-Sent Events: a thin layer over :meth:`workers.events.EventBus.afollow`.
 
 Each event becomes one SSE message: ``id:`` its per-session ``seq`` (what a reconnecting client
 sends back as ``Last-Event-ID``), ``event:`` its type, ``data:`` its JSON envelope. A comment line
 goes out every :data:`KEEPALIVE_SECONDS` of silence so proxies keep the connection open.
 
-A client disconnect sets the subscription's ``stop`` flag: the subscription ends and closes its
-own Redis connections; the spawns behind the stream run on, their events wait in Redis.
+Streams open no Redis connection of their own: they share the process's
+:class:`~coordinator.api.stream_hub.StreamHub` (one pub/sub connection, one bounded pool). Each
+holds a slot of :class:`~coordinator.api.limits.StreamSlots` from before it is answered until it
+ends, however it ends.
+
+A client disconnect sets the subscription's ``stop`` flag: the subscription ends and lets go of
+its channel; the spawns behind the stream run on, their events wait in Redis.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from typing import Annotated, cast
 
 import anyio
 import redis
-import redis.asyncio
 from fastapi import Depends, Header, Query
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from coordinator.api.limits import StreamSlot
+from coordinator.api.stream_hub import StreamHub
 from workers.events import EventBus
 from workers.messages import Event
 
@@ -75,8 +81,8 @@ def sse_message(event: Event) -> bytes:
 
 
 async def follow(
-    client: redis.Redis,
-    redis_url: str,
+    hub: StreamHub,
+    bus: EventBus,
     session_id: str,
     after: int,
     stop: asyncio.Event,
@@ -85,28 +91,34 @@ async def follow(
     idle: float | None = None,
     on_event: Callable[[Event], Awaitable[None]] | None = None,
     keep: Callable[[Event], bool] | None = None,
-    bus_type: type[EventBus] = EventBus,
     keepalive: float = KEEPALIVE_SECONDS,
     give_up_after: float = REDIS_GIVE_UP_SECONDS,
 ) -> AsyncIterator[bytes]:
     """SSE messages for the session's events after ``after``, live, until ``stop`` is set, an
     event satisfies ``until``, or (with ``idle``) nothing came for ``idle`` seconds.
     ``on_event`` runs before an event is sent (e.g. to store a final answer first); an event
-    ``keep`` rejects is not sent. ``bus_type``: the bus the events are on (a session's, or a
-    feed of its own such as the approval feed). Ends, with a warning logged, once Redis has not
-    answered for ``give_up_after`` seconds (no keepalive is sent meanwhile)."""
-    aclient = redis.asyncio.Redis.from_url(redis_url)
-    bus = bus_type(client, async_client=aclient)
+    ``keep`` rejects is not sent. ``bus``: the bus the events are on (a session's, or a feed
+    of its own such as the approval feed). Live messages come through ``hub``, stored events
+    from its pool. Ends, with a warning logged, once Redis has not answered for
+    ``give_up_after`` seconds (no keepalive is sent meanwhile)."""
     last, quiet_since = after, time.monotonic()
     failing_since: float | None = None
-    try:
+    with hub.subscribe(bus.keys(session_id).channel) as live:
         while not stop.is_set():
             wait = keepalive
             if idle is not None:
                 wait = min(wait, idle - (time.monotonic() - quiet_since))
                 if wait <= 0:
                     return
-            events = bus.asubscribe(session_id, last, stop=stop, timeout=wait, until=until)
+            events = bus.afollow(
+                session_id,
+                last,
+                live=live,
+                client=hub.client,
+                stop=stop,
+                timeout=wait,
+                until=until,
+            )
             async with aclosing(cast(AsyncGenerator[Event, None], events)) as stream:
                 async for event in stream:
                     last = event.seq
@@ -121,7 +133,7 @@ async def follow(
             if stop.is_set():
                 break
             try:
-                await asyncio.wait_for(aclient.ping(), _PING_TIMEOUT)
+                await asyncio.wait_for(hub.client.ping(), _PING_TIMEOUT)
                 failing_since = None
             except (redis.RedisError, OSError, TimeoutError) as exc:
                 now = time.monotonic()
@@ -137,9 +149,6 @@ async def follow(
                 continue
             if idle is None or time.monotonic() - quiet_since < idle:
                 yield b": keepalive\n\n"
-    finally:
-        with anyio.CancelScope(shield=True):
-            await aclient.aclose()
 
 
 class EventStreamResponse(StreamingResponse):
@@ -147,13 +156,23 @@ class EventStreamResponse(StreamingResponse):
 
     Starlette's StreamingResponse cancels the producer when the client goes away, which can
     interrupt the subscription in the middle of a Redis call; here the producer gets a ``stop``
-    flag and winds down on its own, closing its connections.
+    flag and winds down on its own, letting go of its channel.
+
+    ``slot``: the stream's place in the per-user and per-process bounds, given back when the
+    response ends, whether the stream ended, the client went away or anything failed.
     """
 
     media_type = "text/event-stream"
 
-    def __init__(self, factory: StreamFactory, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        factory: StreamFactory,
+        headers: dict[str, str] | None = None,
+        *,
+        slot: StreamSlot | None = None,
+    ) -> None:
         self._stop = asyncio.Event()
+        self._slot = slot
         base = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         super().__init__(factory(self._stop), headers={**base, **(headers or {})})
 
@@ -163,11 +182,15 @@ class EventStreamResponse(StreamingResponse):
                 pass
             self._stop.set()
 
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(watch)
-            try:
-                await self.stream_response(send)
-            finally:
-                tasks.cancel_scope.cancel()
-                with anyio.CancelScope(shield=True):
-                    await self.body_iterator.aclose()  # type: ignore[attr-defined]
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(watch)
+                try:
+                    await self.stream_response(send)
+                finally:
+                    tasks.cancel_scope.cancel()
+                    with anyio.CancelScope(shield=True):
+                        await self.body_iterator.aclose()  # type: ignore[attr-defined]
+        finally:
+            if self._slot is not None:
+                self._slot.release()

@@ -2,7 +2,8 @@
 
 ``create_app(settings)`` wires the database (SQLite by default, PostgreSQL by URL; migrated at
 start when reachable, else on first contact), the persona registry over the ``agents`` table, the
-chat store, the spawn client (Celery + Redis) and the tool catalog, then mounts the routers,
+chat store, the spawn client (Celery + Redis), the tool catalog, the stream hub (one pub/sub
+connection for every event stream of the process) and the per-user limits, then mounts the routers,
 ``/metrics``, the request telemetry (traces exported when ``otlp_endpoint`` is set) and the web
 console at ``/``. While it serves, it announces where its database and Redis are, for workers
 to check theirs against (:mod:`coordinator.topology`).
@@ -10,7 +11,10 @@ to check theirs against (:mod:`coordinator.topology`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import resource
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import metadata
@@ -19,14 +23,17 @@ from pathlib import Path
 import redis
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.main import STARTUP_FAILURE
 
 from coordinator.api import agents, approvals, chat, health, me, plugins, skills, spawns, workers
+from coordinator.api._headers import FramingHeadersMiddleware
 from coordinator.api.console import install_console
 from coordinator.api.deps import Services
-from coordinator.api._headers import FramingHeadersMiddleware
 from coordinator.api.docs import install_docs
 from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
+from coordinator.api.limits import ApiLimiter
 from coordinator.api.metrics import install_metrics
+from coordinator.api.stream_hub import StreamHub
 from coordinator.audit_follower import AuditFollower
 from coordinator.plugin_manager import PluginManager
 from coordinator.storage.audit import AuditStore
@@ -101,7 +108,11 @@ def build_services(settings: Settings) -> Services:
             plugin_store,
             broadcast=client.reload,
             allow_network=settings.plugins_allow_network,
+            reserved_tools=default_catalog(settings.tool_modules).names(),
+            config_servers=settings.mcp_servers,
         ),
+        hub=StreamHub(url),
+        limits=ApiLimiter(settings.limits, client.redis),
     )
 
 
@@ -113,10 +124,12 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.audit_follower.start()
+        services.hub.start()
         # Where this API's database and Redis are, for workers to check theirs against.
         announcer = ApiAnnouncer(settings, services.database).start()
         yield
         announcer.stop()
+        await services.hub.aclose()
         services.close()
         scrape_client.close()
         if traced:
@@ -147,14 +160,36 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     return app
 
 
+def _raise_open_files_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit and return it: each open
+    event stream holds a socket, and 1,024 (a common default) is soon reached."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit from %s to %s: %s", soft, hard, exc)
+    return soft
+
+
 def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Serve the API with uvicorn until interrupted. Access logs carry no headers (no tokens)."""
+    files = _raise_open_files_limit()
     app = create_app(settings)
     harden_process()  # the settings are built: secrets leave os.environ
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
         timeout_graceful_shutdown=SHUTDOWN_GRACE,
         proxy_headers=False,
     )
+    # Logged once uvicorn has set up its logging, so the figure shows beside its own lines.
+    limit = "unlimited" if files == resource.RLIM_INFINITY else str(files)
+    logging.getLogger("uvicorn.error").info("open files limit: %s (one per event stream)", limit)
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:  # as uvicorn.run: a server that could not start exits non-zero
+        sys.exit(STARTUP_FAILURE)

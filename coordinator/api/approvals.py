@@ -23,13 +23,13 @@ from starlette.concurrency import run_in_threadpool
 from coordinator.api._sse import EventStreamResponse, ResumeAfter, UntilIdle, follow
 from coordinator.api.deps import Approver, Auditor, Caller, Svc
 from coordinator.api.schemas import AuditEntryOut, ErrorOut, PendingApprovalOut
-from workers.approvals import FEED, ApprovalFeed
+from workers.approvals import FEED
 from workers.messages import ApprovalDecided, ConfirmationRequired, Event
 
 __all__ = ["audit_router", "router"]
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 403, 404, 422, 503)
+    code: {"model": ErrorOut} for code in (401, 403, 404, 422, 429, 503)
 }
 _SSE_DOC: dict[int | str, dict[str, Any]] = {
     200: {
@@ -93,25 +93,21 @@ async def approval_events(
 ) -> EventStreamResponse:
     """Requests and decisions of the spawns the caller approves for, then live, until
     disconnect. Without `after` or `Last-Event-ID`, from the start of the feed's retention."""
-    await run_in_threadpool(svc.probe.ping)  # a 503 naming the cause rather than a mute stream
+    slot = svc.limits.streams.take(who.user)  # counted with the caller's other streams
+    try:
+        await svc.hub.client.ping()  # a 503 naming the cause rather than a mute stream
+    except BaseException:
+        slot.release()
+        raise
 
     def mine(event: Event) -> bool:
         owner = _owner(event)
         return owner is not None and who.user in svc.settings.approvers_of(owner)
 
     def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
-        return follow(
-            svc.client.redis,
-            svc.redis_url,
-            FEED,
-            start,
-            stop,
-            idle=until_idle,
-            keep=mine,
-            bus_type=ApprovalFeed,
-        )
+        return follow(svc.hub, svc.client.approvals, FEED, start, stop, idle=until_idle, keep=mine)
 
-    return EventStreamResponse(stream)
+    return EventStreamResponse(stream, slot=slot)
 
 
 @audit_router.get("/approvals", response_model=list[AuditEntryOut])

@@ -11,6 +11,9 @@ is refused before it starts (503, naming the queue and the command that starts a
 it), and while the stream is open, the turn's spawn or a specialist its coordinator dispatched
 that waits unheld on such a queue for a few seconds (its worker died) is failed, with a
 ``task_notification`` that says the same.
+
+Nobody holds more than their share (:mod:`coordinator.api.limits`): a turn, a new session or a
+stream past the caller's bound is refused (429) before anything is written or started.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from coordinator.api import _answers
 from coordinator.api._sse import EventStreamResponse, ResumeAfter, UntilIdle, follow
 from coordinator.api.deps import Caller, Chats, OwnedSession, Services, Svc
 from coordinator.api.errors import Conflict
+from coordinator.api.limits import StreamSlot
 from coordinator.api.schemas import (
     CancelOut,
     ChatIn,
@@ -63,7 +67,7 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
     }
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 503)
+    code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422, 429, 503)
 }
 _TITLE_LENGTH = 80
 
@@ -139,10 +143,14 @@ def _open_turn(
     context: dict,
     budget: Budget | None = None,
 ) -> _Turn:
-    """Check the agent, start the spawn, then record the question (linked to the spawn)."""
+    """Check the agent and the caller's limits, start the spawn, then record the question
+    (linked to the spawn)."""
     if agent:
         _check_agent(svc, agent)
     svc.database.ensure()
+    if session is None:
+        svc.limits.check_new_session(svc.chats, who.user)
+    svc.limits.turns.take(who.user)
     if session is None:
         title = " ".join(text.split())[:_TITLE_LENGTH]
         session_id, after = svc.chats.create_session(who.user, title), 0
@@ -169,7 +177,27 @@ async def _fail_stranded(watch: StrandedWatch, stop: asyncio.Event) -> None:
             log.warning("could not check the queues of a turn's spawns: %s", exc)
 
 
-def _turn_stream(svc: Services, turn: _Turn) -> EventStreamResponse:
+async def _opened_turn(
+    svc: Services,
+    who: Principal,
+    session: ChatSession | None,
+    body: ChatIn | MessageIn,
+) -> EventStreamResponse:
+    """The turn's stream, with the stream slot taken first: a caller at their bound of streams
+    starts no turn."""
+    slot = svc.limits.streams.take(who.user)
+    text = body.prompt if isinstance(body, ChatIn) else body.content
+    try:
+        turn = await run_in_threadpool(
+            _open_turn, svc, who, session, text, body.agent, body.context, body.budget
+        )
+    except BaseException:
+        slot.release()
+        raise
+    return _turn_stream(svc, turn, slot)
+
+
+def _turn_stream(svc: Services, turn: _Turn, slot: StreamSlot) -> EventStreamResponse:
     # The turn's spawn, and the specialists a coordinator dispatches (their ids follow from
     # its call ids): a worker lost after the enqueue must not leave the person in silence.
     watch = StrandedWatch(svc.client, [turn.record.spawn_id])
@@ -186,8 +214,8 @@ def _turn_stream(svc: Services, turn: _Turn) -> EventStreamResponse:
         watchdog = asyncio.create_task(_fail_stranded(watch, stop))
         try:
             events = follow(
-                svc.client.redis,
-                svc.redis_url,
+                svc.hub,
+                svc.client.bus,
                 turn.session_id,
                 turn.after,
                 stop,
@@ -201,7 +229,7 @@ def _turn_stream(svc: Services, turn: _Turn) -> EventStreamResponse:
             watchdog.cancel()
 
     headers = {"X-Session-Id": turn.session_id, "X-Spawn-Id": turn.record.spawn_id}
-    return EventStreamResponse(stream, headers=headers)
+    return EventStreamResponse(stream, headers=headers, slot=slot)
 
 
 # -- endpoints ---------------------------------------------------------------------------------
@@ -210,10 +238,7 @@ def _turn_stream(svc: Services, turn: _Turn) -> EventStreamResponse:
 @router.post("", status_code=200, response_class=EventStreamResponse, responses=_SSE_DOC)
 async def chat(body: ChatIn, who: Caller, svc: Svc) -> EventStreamResponse:
     """Start a session with its first message and stream the turn (header `X-Session-Id`)."""
-    turn = await run_in_threadpool(
-        _open_turn, svc, who, None, body.prompt, body.agent, body.context, body.budget
-    )
-    return _turn_stream(svc, turn)
+    return await _opened_turn(svc, who, None, body)
 
 
 @router.get("/sessions", response_model=list[SessionOut])
@@ -234,10 +259,7 @@ async def post_message(
     body: MessageIn, session: OwnedSession, who: Caller, svc: Svc
 ) -> EventStreamResponse:
     """Add a message to a session and stream the turn it starts."""
-    turn = await run_in_threadpool(
-        _open_turn, svc, who, session, body.content, body.agent, body.context, body.budget
-    )
-    return _turn_stream(svc, turn)
+    return await _opened_turn(svc, who, session, body)
 
 
 @router.get(
@@ -248,12 +270,18 @@ async def post_message(
 )
 async def session_events(
     session: OwnedSession,
+    who: Caller,
     svc: Svc,
     start: ResumeAfter,
     until_idle: UntilIdle = None,
 ) -> EventStreamResponse:
     """The session's events after `Last-Event-ID` (or `after`), then live, until disconnect."""
-    await run_in_threadpool(svc.probe.ping)  # a 503 naming the cause rather than a mute stream
+    slot = svc.limits.streams.take(who.user)
+    try:
+        await svc.hub.client.ping()  # a 503 naming the cause rather than a mute stream
+    except BaseException:
+        slot.release()
+        raise
 
     async def settle(event: Event) -> None:
         if event.type == "task_notification":
@@ -263,16 +291,10 @@ async def session_events(
 
     def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
         return follow(
-            svc.client.redis,
-            svc.redis_url,
-            session.id,
-            start,
-            stop,
-            idle=until_idle,
-            on_event=settle,
+            svc.hub, svc.client.bus, session.id, start, stop, idle=until_idle, on_event=settle
         )
 
-    return EventStreamResponse(stream, headers={"X-Session-Id": session.id})
+    return EventStreamResponse(stream, headers={"X-Session-Id": session.id}, slot=slot)
 
 
 @router.get("/sessions/{session_id}", response_model=HistoryOut)

@@ -16,6 +16,8 @@ import redis
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from coordinator.api.limits import ApiLimiter
+from coordinator.api.stream_hub import StreamHub
 from coordinator.audit_follower import AuditFollower
 from coordinator.auth import Principal, authenticate, require
 from coordinator.plugin_manager import PluginManager
@@ -66,6 +68,10 @@ class Services:
     audit_follower: AuditFollower
     #: Marketplaces and installed plugins (admin operations).
     plugins: PluginManager
+    #: The one pub/sub connection and read pool of every event stream of this process.
+    hub: StreamHub
+    #: The per-user and per-process bounds the API checks (``limits:``).
+    limits: ApiLimiter
 
     @property
     def redis_url(self) -> str:

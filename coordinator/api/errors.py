@@ -9,12 +9,15 @@ shape::
 
 Nothing a client sends should produce a 500: bad input is a 4xx naming the problem, an unreachable
 dependency is a 503 naming it. :class:`BodyLimitMiddleware` answers 413 for oversized bodies before
-they reach FastAPI.
+they reach FastAPI. A request past one of the ``limits`` settings is a 429 ``limit_exceeded`` whose
+details name the limit, its value and the setting (``limits.streams_per_user``), with
+``Retry-After`` for the rate limits.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +33,7 @@ from coordinator.auth import Forbidden, Unauthorized
 from coordinator.storage.engine import DatabaseUnavailable
 from registry.errors import FieldProblem, NotFoundError, PersonaError, ReadOnlyError, UserError
 from workers.consumers import NoConsumer
+from workers.limits import LimitExceeded
 
 __all__ = [
     "ApiError",
@@ -53,6 +57,7 @@ _STATUS_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "invalid_request",
+    429: "too_many_requests",
     503: "unavailable",
 }
 
@@ -141,6 +146,16 @@ async def _user_error(request: Request, exc: UserError) -> JSONResponse:
     return error_response(400, "bad_request", str(exc))
 
 
+async def _limit_exceeded(request: Request, exc: LimitExceeded) -> JSONResponse:
+    details = {"limit": exc.limit, "value": exc.value, "setting": exc.setting}
+    headers = None
+    if exc.retry_after is not None:
+        retry_after = max(1, math.ceil(exc.retry_after))
+        details["retry_after"] = retry_after
+        headers = {"Retry-After": str(retry_after)}
+    return error_response(429, "limit_exceeded", str(exc), details, headers=headers)
+
+
 async def _request_invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     problems = _validation_problems(exc.errors())
     summary = (
@@ -199,6 +214,7 @@ def install_error_handlers(app: FastAPI) -> None:
         ReadOnlyError: _read_only,
         PersonaError: _invalid_persona,
         UserError: _user_error,
+        LimitExceeded: _limit_exceeded,
         RequestValidationError: _request_invalid,
         DatabaseUnavailable: _database_down,
         OperationalError: _database_down,

@@ -159,6 +159,12 @@ class ChatStore:
         with self._sessions() as db:
             return [_session(row) for row in db.scalars(query)]
 
+    def count_sessions(self, user: str) -> int:
+        """How many sessions ``user`` keeps."""
+        query = select(func.count()).select_from(_SessionRow).where(_SessionRow.owner == user)
+        with self._sessions() as db:
+            return int(db.scalar(query) or 0)
+
     def delete_session(self, session_id: str, user: str) -> bool:
         """Delete ``user``'s session and (by cascade) its messages; False if there was none."""
         query = delete(_SessionRow).where(_SessionRow.id == session_id, _SessionRow.owner == user)

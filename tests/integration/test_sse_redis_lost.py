@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from coordinator.api._sse import follow
+from coordinator.api.stream_hub import StreamHub
 from workers.embedded_redis import EmbeddedRedis
 from workers.events import EventBus
 from workers.messages import TextDelta
@@ -40,12 +41,17 @@ def test_a_stream_ends_once_redis_has_not_answered_for_the_give_up_time(tmp_path
         EventBus(client).publish(TextDelta(session_id="s1", text="before the outage"))
 
         async def scenario() -> list[bytes]:
-            stop = asyncio.Event()
-            chunks = follow(client, server.url, "s1", 0, stop, keepalive=0.3, give_up_after=1.0)
-            first = await asyncio.wait_for(anext(chunks), DEADLINE)
-            server.stop()  # Redis is gone under the open stream
-            rest = await asyncio.wait_for(_read(chunks), DEADLINE)
-            return [first, *rest]
+            hub = StreamHub(server.url)
+            try:
+                stop = asyncio.Event()
+                bus = EventBus(client)
+                chunks = follow(hub, bus, "s1", 0, stop, keepalive=0.3, give_up_after=1.0)
+                first = await asyncio.wait_for(anext(chunks), DEADLINE)
+                server.stop()  # Redis is gone under the open stream
+                rest = await asyncio.wait_for(_read(chunks), DEADLINE)
+                return [first, *rest]
+            finally:
+                await hub.aclose()
 
         chunks = asyncio.run(scenario())
     finally:
