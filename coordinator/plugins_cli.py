@@ -229,9 +229,7 @@ def list_installed(as_json: bool) -> None:
     if not views:
         _out.print("no plugin installed (ongrid plugins install PLUGIN@MARKETPLACE)")
         return
-    table = Table(
-        "plugin", "version", "marketplace", "mode", "network", "agents", "skills", "tools"
-    )
+    table = Table("plugin", "version", "marketplace", "mode", "grants", "agents", "skills", "tools")
     for view in views:
         granted = [g for g in ("network", "writable") if view.get(g)]
         table.add_row(

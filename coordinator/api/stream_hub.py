@@ -26,7 +26,6 @@ never has two writers, nor two tasks reconnecting it at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -61,6 +60,8 @@ _CONFIRM = 5.0
 #: A PING goes out on the pub/sub connection every _PING_EVERY seconds; a connection that has
 #: said nothing for _SILENT_FOR seconds is dropped and made again.
 _PING_EVERY, _SILENT_FOR = 5.0, 15.0
+#: Seconds :meth:`StreamHub.aclose` waits for the hub's task to stop.
+_CLOSE_SECONDS = 5.0
 #: Errors after which the pub/sub connection is made again.
 _LOST = (redis.ConnectionError, redis.TimeoutError, OSError)
 
@@ -248,21 +249,29 @@ class StreamHub:
         return sum(1 for c in self._channels.values() if c.streams)
 
     async def aclose(self) -> None:
-        """Stop reading and close every connection of the hub."""
+        """Stop reading and close every connection of the hub (within :data:`_CLOSE_SECONDS`)."""
         self._closed = True
         if self._task is not None:
+            # The task also stops at its next step when it sees the hub closed: a cancellation
+            # that lands inside redis-py's read can be taken for the read's own timeout.
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._pubsub.aclose()
-        await self._pubsub_client.aclose()
-        await self.client.aclose(close_connection_pool=True)
+            await asyncio.wait({self._task}, timeout=_CLOSE_SECONDS)
+        closing = (
+            self._pubsub.aclose(),
+            self._pubsub_client.aclose(),
+            self.client.aclose(close_connection_pool=True),
+        )
+        for step in closing:
+            try:
+                await asyncio.wait_for(step, _CLOSE_SECONDS)
+            except (TimeoutError, redis.RedisError, OSError) as exc:
+                log.warning("the stream hub's connections did not close cleanly: %r", exc)
 
     # -- the hub's task ----------------------------------------------------------------------
 
     async def _run(self) -> None:
         failures = 0
-        while True:
+        while not self._closed:
             try:
                 await self._step()
                 failures = 0
