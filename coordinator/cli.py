@@ -585,9 +585,7 @@ def spawn(
 def _watch_stranded(watch: Any, stop: Any) -> None:
     import redis
 
-    from workers.client import STRANDED_CHECK_EVERY
-
-    while not stop.wait(STRANDED_CHECK_EVERY):
+    while not stop.wait(watch.client.settings.stranded_check_seconds):
         try:
             watch.check()
         except redis.RedisError as exc:  # the event stream reports a lost Redis its own way

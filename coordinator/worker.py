@@ -57,6 +57,7 @@ from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, make_celery, redis_unr
 from workers.consumers import QueueAdvertiser
 from workers.fleet import FleetReporter, runtime_report, runtime_version
 from workers.metrics import serve_metrics
+from workers.presence import RENEW_FRACTION
 from workers.runtime import WorkerRuntime, use_worker_runtime
 from workers.tracing import init_tracing, shutdown_tracing
 
@@ -210,14 +211,19 @@ def _advertise_step(settings: Settings) -> type[bootsteps.StartStopStep]:
             client = redis.Redis.from_url(
                 url, socket_connect_timeout=_REDIS_TIMEOUT, socket_timeout=_REDIS_TIMEOUT
             )
-            self.advertiser = QueueAdvertiser(client, consumer.hostname, queues)
+            ttl = settings.presence_ttl_seconds
+            every = ttl * RENEW_FRACTION
+            self.advertiser = QueueAdvertiser(
+                client, consumer.hostname, queues, ttl=ttl, every=every
+            )
             self.advertiser.start()
             log.info("advertising the queues %s", ", ".join(sorted(queues())))
             # The runtime step ran before the consumer started: the runtime exists.
             member = self.advertiser.member
             self.reporter = FleetReporter(
-                client, member, runtime_report(member, queues), watch=runtime_version
-            )
+                client, member, runtime_report(member, queues),
+                watch=runtime_version, ttl=ttl, every=every,
+            )  # fmt: skip
             self.reporter.start()
 
         def stop(self, consumer: Any) -> None:

@@ -71,6 +71,9 @@ _ENV: dict[str, str] = {
     "ONGRID_TOPOLOGY_FILE": "topology_file",
     "ONGRID_REPO_ROOT": "repo_root",
     "ONGRID_LEASE_SECONDS": "lease_seconds",
+    "ONGRID_STRANDED_GRACE_SECONDS": "stranded_grace_seconds",
+    "ONGRID_STRANDED_CHECK_SECONDS": "stranded_check_seconds",
+    "ONGRID_PRESENCE_TTL_SECONDS": "presence_ttl_seconds",
     "ONGRID_APPROVAL_TTL_SECONDS": "approval_ttl_seconds",
     "ONGRID_SANDBOX_USER": "sandbox_user",
     "ONGRID_MODEL_RETRIES": "model_retries",
@@ -238,6 +241,18 @@ class Settings(BaseModel):
     #: How long a worker's claim on a spawn lasts unrenewed: after a worker dies, its spawns are
     #: resumed elsewhere within about this time (renewals and the reaper run faster).
     lease_seconds: float = Field(default=10.0, gt=0)
+    #: How long a spawn someone waits on (a chat turn, ``ongrid spawn``) may sit on a queue no
+    #: live worker consumes before it is failed naming the queue: long enough for the only
+    #: worker of a queue to restart in place (a warm shutdown withdraws its queues at once; the
+    #: new process needs a few seconds to be ready), short enough not to leave a person looking
+    #: at silence. A worker that died is noticed ``CONSUMER_TTL`` later still.
+    stranded_grace_seconds: float = Field(default=15.0, gt=0)
+    #: Seconds between two looks at the queues of the spawns someone waits on.
+    stranded_check_seconds: float = Field(default=2.0, gt=0)
+    #: How long a worker's presence lasts unrenewed (its advertisement of the queues it consumes
+    #: and its fleet report; it renews both every fifth of it): a worker that died stops counting
+    #: as a consumer and leaves ``/api/v1/workers`` within this time.
+    presence_ttl_seconds: float = Field(default=10.0, gt=0)
     #: How long a tool call put to people waits for its decision; past it the call is not run
     #: and the model is told the request expired.
     approval_ttl_seconds: float = Field(default=3600.0, gt=0)

@@ -16,18 +16,16 @@ import redis
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))  # harness.py
+sys.path.insert(0, str(REPO / "tests"))  # processes.py, redis_server.py
 sys.path.insert(0, str(REPO))  # the scenarios package, whatever the working directory
 
-from harness import claim_database  # noqa: E402
-
-from workers.embedded_redis import redis_answers  # noqa: E402
+from redis_server import claim_database  # noqa: E402
 
 
 @pytest.fixture
 def redis_db() -> Iterator[str]:
-    """A Redis database no concurrent run uses, held for one scenario and flushed around it."""
-    if not redis_answers():
-        pytest.fail("no Redis on 127.0.0.1:6379 (./dev test starts one)")
+    """A database of this test process's own Redis server, held for one scenario and flushed
+    around it."""
     with claim_database() as url:
         client = redis.Redis.from_url(url)
         client.flushdb()

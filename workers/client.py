@@ -32,8 +32,6 @@ from workers.reload import broadcast_reload
 from workers.spawns import UNHELD_STATUSES, SpawnRecord, SpawnStore
 
 __all__ = [
-    "STRANDED_CHECK_EVERY",
-    "STRANDED_GRACE",
     "NoConsumer",
     "SpawnClient",
     "StrandedWatch",
@@ -45,13 +43,6 @@ _apps: dict[str, Celery] = {}
 #: Longest block of one read of the event stream in :meth:`SpawnClient.wait` (seconds): how
 #: soon a wait notices its ``stop``.
 _READ_SLICE = 0.5
-#: Seconds a watched spawn may wait on a queue with no live consumer before it is failed: long
-#: enough for the only worker of a queue to restart in place (a warm shutdown withdraws its
-#: queues at once; the new process needs a few seconds to be ready), short enough not to leave
-#: a person looking at silence. A worker that died is noticed ``CONSUMER_TTL`` later still.
-STRANDED_GRACE = 15.0
-#: Seconds between two looks at the spawns a :class:`StrandedWatch` follows.
-STRANDED_CHECK_EVERY = 2.0
 #: How :meth:`SpawnClient.wait` reads the record after the event that announced its end: the
 #: write follows the event by a round trip or two, so the first looks come quickly; after
 #: ``_WRITE_WAIT`` seconds it goes back to following the stream (an attempt died in between).
@@ -232,7 +223,7 @@ class SpawnClient:
         again when the spawn's ``task_notification`` or ``confirmation_required`` arrives. That
         event is published just before the final record is written (a crash in between then
         repeats the notification, de-duplicated, instead of losing it), so the record is then
-        read again for a moment until it shows the end. Every ``STRANDED_CHECK_EVERY`` seconds
+        read again for a moment until it shows the end. Every ``stranded_check_seconds``
         the record is read anyway, so an event that never comes cannot make this hang.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -248,7 +239,8 @@ class SpawnClient:
         ended = self.bus.last_event_of(record.session_id, f"spawn:{spawn_id}")
         if not _settled(record) and ended is not None and _ends_wait(spawn_id)(ended):
             record = self._record_once_written(spawn_id, stop)  # notified before we looked
-        next_check = time.monotonic() + STRANDED_CHECK_EVERY
+        every = self.settings.stranded_check_seconds
+        next_check = time.monotonic() + every
         while not _settled(record):
             if stop.is_set():
                 raise WorkerDraining(
@@ -259,7 +251,7 @@ class SpawnClient:
                 raise TimeoutError(f"spawn {spawn_id} still {record.status} after {timeout}s")
             if watch is not None and time.monotonic() >= next_check:
                 watch.check()  # a stranded spawn is failed here and read just below
-                next_check = time.monotonic() + STRANDED_CHECK_EVERY
+                next_check = time.monotonic() + every
             until = min(next_check, deadline if deadline is not None else next_check)
             after, notified = self._follow(record.session_id, spawn_id, after, stop, until)
             if notified:
@@ -351,16 +343,18 @@ class StrandedWatch:
     """The spawns a person waits on; :meth:`check` fails those stranded on an unserved queue.
 
     A spawn is stranded once it has waited unheld (``queued``, or ``running`` with no lease) on a
-    queue with no live consumer for ``grace`` seconds on end; a consumer seen in between starts
+    queue with no live consumer for ``grace`` seconds on end (``Settings.stranded_grace_seconds``
+    unless given); a consumer seen in between starts
     the count again. Whoever follows a spawn's events (the chat stream, ``ongrid spawn``) calls
     :meth:`check` every few seconds, so a worker that disappears after the spawn was accepted
     ends in a ``task_notification`` naming the queue instead of silence.
     """
 
     def __init__(
-        self, client: SpawnClient, spawn_ids: Iterable[str] = (), grace: float = STRANDED_GRACE
+        self, client: SpawnClient, spawn_ids: Iterable[str] = (), grace: float | None = None
     ) -> None:
-        self.client, self.grace = client, grace
+        self.client = client
+        self.grace = client.settings.stranded_grace_seconds if grace is None else grace
         self._since: dict[str, float | None] = dict.fromkeys(spawn_ids)
         self._lock = threading.Lock()
 

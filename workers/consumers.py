@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 import redis
 
 from registry.errors import OngridError
-from workers.presence import live_members, renew_member, server_now
+from workers.presence import RENEW_FRACTION, live_members, renew_member, server_now
 
 __all__ = [
     "ADVERTISE_EVERY",
@@ -35,11 +35,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Seconds an advertisement lasts without renewal: a dead worker's queues count as unserved
-#: after at most this long.
+#: Seconds an advertisement lasts without renewal (a worker's: ``Settings.presence_ttl_seconds``):
+#: a dead worker's queues count as unserved after at most this long.
 CONSUMER_TTL = 10.0
 #: Seconds between renewals: an advertisement survives four missed ones.
-ADVERTISE_EVERY = 2.0
+ADVERTISE_EVERY = CONSUMER_TTL * RENEW_FRACTION
 _PREFIX = "ongrid:consumers:"
 
 

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from registry.agent_registry import Snapshot
 from registry.parser import dump_persona
 from registry.persona import Persona
-from workers.presence import live_members, renew_member, server_now
+from workers.presence import RENEW_FRACTION, live_members, renew_member, server_now
 from workers.reload import RegistryFollower
 
 __all__ = [
@@ -68,10 +68,11 @@ log = logging.getLogger(__name__)
 
 #: The index of the reporting members (score: when their report expires, server time).
 FLEET_KEY = "ongrid:fleet"
-#: Seconds a report lasts without renewal: a dead worker leaves the fleet after at most this.
+#: Seconds a report lasts without renewal (a worker's: ``Settings.presence_ttl_seconds``): a
+#: dead worker leaves the fleet after at most this.
 REPORT_TTL = 10.0
 #: Seconds between renewals: a report survives four missed ones.
-REPORT_EVERY = 2.0
+REPORT_EVERY = REPORT_TTL * RENEW_FRACTION
 #: Seconds between looks at the registry version (an attribute read, no Redis call), so a
 #: reload is reported well before the next renewal.
 WATCH_EVERY = 0.25

@@ -13,7 +13,10 @@ from typing import Any
 
 import redis
 
-__all__ = ["live_members", "renew_member", "server_now"]
+__all__ = ["RENEW_FRACTION", "live_members", "renew_member", "server_now"]
+
+#: A presence is renewed every this fraction of its TTL, so it survives four missed renewals.
+RENEW_FRACTION = 0.2
 
 
 def server_now(reply: Any) -> float:

@@ -50,7 +50,7 @@ from coordinator.turns import start_turn
 from registry.budget import Budget
 from registry.errors import NotFoundError
 from registry.tools import AGENT_TOOL_NAME
-from workers.client import STRANDED_CHECK_EVERY, StrandedWatch
+from workers.client import StrandedWatch
 from workers.messages import Event
 from workers.spawns import SpawnRecord
 
@@ -170,7 +170,7 @@ async def _fail_stranded(watch: StrandedWatch, stop: asyncio.Event) -> None:
     """Every few seconds, fail the turn's spawns that wait on a queue nobody consumes: their
     ``task_notification`` then ends the stream with the queue and the command to run."""
     while not stop.is_set():
-        await asyncio.sleep(STRANDED_CHECK_EVERY)
+        await asyncio.sleep(watch.client.settings.stranded_check_seconds)
         try:
             await run_in_threadpool(watch.check)
         except redis.RedisError as exc:  # the stream itself reports a lost Redis

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import redis
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # harness.py
 
-from harness import claim_database  # noqa: E402
+from redis_server import claim_database  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def claimed_redis_url() -> Iterator[str]:
-    """A Redis database of this module's own (claimed across test processes), empty before and
+    """A Redis database of this module's own (of this test process's own server), empty before and
     after."""
     with claim_database() as url:
         client = redis.Redis.from_url(url)

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 import redis
+import redis_server
 import yaml
 from postgres import fresh_database
 from servers import AppServer
@@ -37,9 +38,9 @@ from workers.messages import Message, ToolCall
 from workers.spawns import SpawnRecord
 from workers.testing.fake_openai import start_subprocess
 
-REDIS_URL = "redis://127.0.0.1:6379/11"
+REDIS_URL = redis_server.url(11)
 #: The spawn tests' database: flushed around the module (its worker outlives each test).
-WORKER_REDIS_URL = "redis://127.0.0.1:6379/10"
+WORKER_REDIS_URL = redis_server.url(10)
 MODEL = "openai/gpt-4o-mini"
 #: Tokens of the test's users: alice and carol are admins, dave an operator, bob a viewer.
 TOKENS = {

@@ -17,6 +17,7 @@ import hypothesis
 import hypothesis.errors
 import pytest
 import redis
+import redis_server
 import schemathesis
 from fastapi import FastAPI
 from schemathesis.checks import (
@@ -31,7 +32,7 @@ from registry.settings import Settings, TokenGrant, token_digest
 from workers.celery_app import QUEUES
 from workers.consumers import QueueAdvertiser
 
-REDIS_URL = "redis://127.0.0.1:6379/11"
+REDIS_URL = redis_server.url(11)
 TOKEN = "fuzz-admin-token-00000001"
 STREAMING = r"^/api/v1/(chat(/sessions/[^/]+/(messages|events))?|approvals/events)$"
 #: Examples per operation and generation mode: bounded so the whole run takes well under 2 min.

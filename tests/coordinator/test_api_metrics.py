@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis_server
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -21,7 +22,7 @@ from registry.settings import Settings
 from workers import tracing
 from workers.celery_app import QUEUES
 
-REDIS_URL = "redis://127.0.0.1:6379/6"
+REDIS_URL = redis_server.url(6)
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis_server
 
 from coordinator.audit_follower import AuditFollower
 from coordinator.storage.audit import AuditStore
@@ -22,7 +23,7 @@ from coordinator.storage.engine import Database, make_engine
 from workers.approvals import ApprovalFeed
 from workers.messages import ApprovalDecided, ConfirmationRequired, Requester
 
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = redis_server.url(12)
 DEADLINE = 30.0
 
 

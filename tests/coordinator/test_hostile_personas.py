@@ -26,7 +26,7 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
-from harness import claim_database  # noqa: E402
+from redis_server import claim_database  # noqa: E402
 
 from coordinator.api import create_app  # noqa: E402
 from coordinator.api.schemas import (  # noqa: E402

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis_server
 from fastapi.testclient import TestClient
 from harness import wait_for
 from postgres import fresh_database
@@ -37,7 +38,7 @@ from coordinator.topology import (
 from registry.errors import UserError
 from registry.settings import Settings
 
-REDIS_URL = "redis://127.0.0.1:6379/9"
+REDIS_URL = redis_server.url(9)
 #: A password in the API's URLs; no announcement and no message may carry it.
 SECRET = "s3cret-Pw"
 API_HOST = "api-7.example"
@@ -274,7 +275,9 @@ def test_a_worker_on_loopback_redis_is_refused_by_the_row_in_its_database(
 
     message = _refusal(_settings(pg_url), pg_engine, redis_client)
 
-    assert message.startswith("this worker's Redis is 127.0.0.1:6379/9, on this host only")
+    assert message.startswith(
+        f"this worker's Redis is 127.0.0.1:{redis_server.port()}/9, on this host only"
+    )
     assert f"the API on {API_HOST} announced its Redis at 10.20.30.40:6379/9" in message
     assert "(read from this worker's database, announced at " in message
     assert "another Redis than the one the API enqueues them on" in message
@@ -326,7 +329,11 @@ def test_one_host_with_loopback_everywhere_passes(
 
     check_worker(settings, sqlite_engine, redis_client)
     # Another loopback name for the same Redis: both loopback, allowed.
-    check_worker(_settings(sqlite_url, "redis://localhost:6379/9"), sqlite_engine, redis_client)
+    check_worker(
+        _settings(sqlite_url, f"redis://localhost:{redis_server.port()}/9"),
+        sqlite_engine,
+        redis_client,
+    )
 
 
 def test_nothing_announced_passes(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import redis
+import redis_server
 from fastapi.testclient import TestClient
 
 from coordinator.api import create_app
@@ -24,7 +25,7 @@ from workers.consumers import QueueAdvertiser
 from workers.fleet import FleetReport, FleetReporter, persona_digests
 from workers.reload import broadcast_reload
 
-REDIS_URL = "redis://127.0.0.1:6379/7"
+REDIS_URL = redis_server.url(7)
 TOKENS = {
     "alice": ("fleet-alice-admin-token-001", "admin"),
     "bob": ("fleet-bob-viewer-token-0002", "viewer"),

@@ -21,9 +21,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # harness.py, site_tools.py
 
-from harness import Cluster, FakeLLM, claim_database  # noqa: E402
-
-from workers.embedded_redis import redis_answers  # noqa: E402
+from harness import Cluster, FakeLLM  # noqa: E402
+from redis_server import claim_database  # noqa: E402
 
 
 @pytest.hookimpl(wrapper=True)
@@ -40,9 +39,7 @@ def _failed(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """A Redis database no concurrent run of this suite uses (13, 14 or 15)."""
-    if not redis_answers():
-        pytest.fail("no Redis on 127.0.0.1:6379 (./dev test starts one)")
+    """A database of this test process's own Redis server (see ``redis_server.py``)."""
     with claim_database() as url:
         yield url
 

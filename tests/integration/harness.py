@@ -5,17 +5,13 @@ Nothing here waits on the wall clock: helpers poll a condition until a generous 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import sys
-import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import redis
 import yaml
@@ -28,9 +24,6 @@ from workers.spawns import SpawnRecord
 from workers.testing.fake_openai import start_subprocess
 
 HERE = Path(__file__).resolve().parent
-#: Redis databases the suite may use; a run takes the first no other run holds (see
-#: :func:`claim_database`), so two runs on one machine never flush each other's data.
-DATABASES = (13, 14, 15)
 #: The model every test persona runs on unless it says otherwise.
 MODEL = "openai/gpt-4o-mini"
 #: How long a worker may take to start (it imports litellm and Celery) on a loaded 2-core box.
@@ -40,30 +33,6 @@ START_TIMEOUT = 90.0
 LEASE_SECONDS = 4.0
 #: The line a worker's registry follower logs when it applies a reload.
 RELOAD_LINE = "registry reloaded to cluster version"
-
-
-@contextlib.contextmanager
-def claim_database() -> Iterator[str]:
-    """The URL of a Redis database this run has to itself, held until the context exits.
-
-    One lock file per database (an ``flock``, which the kernel drops if the run dies) keeps
-    concurrent runs on one machine apart; when every database is taken, wait for the first.
-    """
-    for number in DATABASES:
-        with _lock_file(number) as lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            yield f"redis://127.0.0.1:6379/{number}"
-            return
-    with _lock_file(DATABASES[0]) as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield f"redis://127.0.0.1:6379/{DATABASES[0]}"
-
-
-def _lock_file(number: int) -> TextIO:
-    return open(Path(tempfile.gettempdir()) / f"ongrid-integration-db{number}.lock", "a")
 
 
 # -- the fake LLM ------------------------------------------------------------------------------

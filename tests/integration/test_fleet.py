@@ -19,11 +19,12 @@ from typing import Any
 import httpx
 import pytest
 import redis
+import redis_server
 import yaml
 from harness import Cluster, FakeLLM, Proc, Worker, wait_for
 from procs import api_client, free_port, ongrid
 
-REDIS_URL = "redis://127.0.0.1:6379/8"
+REDIS_URL = redis_server.url(8)
 TOKEN = "fleet-tests-admin-token-000001"
 #: Liveness deadline of one HTTP request, and of a condition the processes reach on their own.
 DEADLINE = 120.0
@@ -70,6 +71,9 @@ def site(tmp_path: Path, fake: FakeLLM, request: pytest.FixtureRequest) -> Itera
         **cluster.env,
         "ONGRID_CONFIG": str(config),
         "ONGRID_DATABASE_URL": f"sqlite:///{root / 'ongrid.db'}",
+        # A killed worker leaves the fleet within 4 s, not the production 10 (test_fleet.py of
+        # the workers holds that default).
+        "ONGRID_PRESENCE_TTL_SECONDS": "4",
     }
     port = free_port()
     api = Proc("api", ongrid("api", f"--port={port}"), root, env)

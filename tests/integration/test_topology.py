@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import redis_server
 from harness import START_TIMEOUT, Proc, wait_for
 from postgres import fresh_database
 from procs import free_port, ongrid
@@ -26,7 +27,7 @@ from coordinator.storage.cluster import ClusterFacts
 from coordinator.storage.engine import make_engine
 from coordinator.topology import API_FACT, API_KEY, Announcement
 
-REDIS_URL = "redis://127.0.0.1:6379/9"
+REDIS_URL = redis_server.url(9)
 #: In the API's database URL (the test server trusts local connections and ignores it); it
 #: must appear in no announcement and no worker's log.
 SECRET = "s3cret-Pw"
@@ -136,7 +137,7 @@ def test_a_worker_on_sqlite_is_refused_while_one_on_the_apis_database_starts(sit
         "worker",
         *("worker", "--queues=ongrid.interactive", "-c", "2", "--name=kept"),
         ONGRID_DATABASE_URL=site.database_url,
-        REDIS_URL="redis://localhost:6379/9",
+        REDIS_URL=f"redis://localhost:{redis_server.port()}/9",
     )
     wait_for(
         lambda: " ready." in worker.log() or not worker.alive(),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import wait_for
 from servers import QuietHandler, local_http
 
 from marketplace.manifest import (
@@ -96,7 +97,8 @@ def call(tool: ManifestTool, context: ToolContext | None = None, **arguments: An
 
 
 def alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie waiting for a reaper does not count)."""
+    """Whether ``pid`` still runs (a zombie waiting for a reaper does not count). A process sent
+    SIGKILL runs until the kernel schedules its death, so tests wait for this to turn False."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (FileNotFoundError, ProcessLookupError):
@@ -209,7 +211,7 @@ def test_a_timeout_kills_the_script_and_its_children(bundle: Bundle, tmp_path: P
     assert result.content.startswith("timed out after 2 s: the script was killed")
     assert result.data["status"] == "timeout"
     assert "started" in result.data["stdout"]
-    assert not alive(int(pid_file.read_text()))
+    wait_for(lambda: not alive(int(pid_file.read_text())), 10, "the script's background job to die")
 
 
 def test_background_jobs_do_not_outlive_a_script_that_exits(bundle: Bundle, tmp_path: Path) -> None:
@@ -218,7 +220,7 @@ def test_background_jobs_do_not_outlive_a_script_that_exits(bundle: Bundle, tmp_
     pid_file = tmp_path / "pid"
     result = call(tool, path=str(pid_file))
     assert not result.is_error, result.content
-    assert not alive(int(pid_file.read_text()))
+    wait_for(lambda: not alive(int(pid_file.read_text())), 10, "the script's background job to die")
 
 
 def test_output_past_the_cap_stops_the_script(bundle: Bundle) -> None:
@@ -255,7 +257,7 @@ def test_a_worker_shutting_down_stops_the_script(bundle: Bundle, tmp_path: Path)
     with pytest.raises(WorkerDraining, match="probe_skill was stopped"):
         call(tool, context, path=str(pid_file))
     stopper.join()
-    assert not alive(int(pid_file.read_text()))
+    wait_for(lambda: not alive(int(pid_file.read_text())), 10, "the script's background job to die")
 
 
 # -- refusals at load --------------------------------------------------------------------------

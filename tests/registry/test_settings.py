@@ -66,6 +66,9 @@ def test_defaults_without_config_or_environment() -> None:
     assert s.roles["operator"] == RoleConfig(tools=["*"], approve=True)
     assert s.roles["viewer"].tools[0] == "query_*" and not s.roles["viewer"].approve
     assert (s.default_role, s.default_model, s.redis_url, s.extra) == ("admin", "", "", {})
+    # The periods tests shorten through the environment; production keeps these.
+    assert (s.lease_seconds, s.presence_ttl_seconds) == (10.0, 10.0)
+    assert (s.stranded_grace_seconds, s.stranded_check_seconds) == (15.0, 2.0)
 
 
 def test_config_file_with_roles_and_extra_keys(tmp_path: Path) -> None:

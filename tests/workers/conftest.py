@@ -6,13 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis_server
 from servers import ClickHouse, start_clickhouse
 
 from workers.sandbox import Sandbox
 from workers.spawns import SpawnStore
 
 #: The Redis database of the spawn store, lease and reaper tests (flushed around each test).
-SPAWN_REDIS_URL = "redis://127.0.0.1:6379/4"
+SPAWN_REDIS_URL = redis_server.url(4)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import pytest
 import redis
+import redis_server
 
 from registry.errors import NotFoundError, WorkerDraining
 from registry.settings import Settings
@@ -23,7 +24,7 @@ from workers.client import SpawnClient
 from workers.messages import ConfirmationRequired, TaskNotification, TextDelta
 from workers.spawns import SpawnRecord
 
-URL = "redis://127.0.0.1:6379/5"
+URL = redis_server.url(5)
 #: How long a wait that should return may take before the test calls it stuck.
 LIVENESS = 60.0
 

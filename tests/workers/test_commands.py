@@ -17,7 +17,8 @@ from workers.tools._getopt import CommandRefused, Kind, Option, parse_arguments
 ROOTS = list(DEFAULT_READ_ROOTS)
 #: Files a hostile command line would like to print, none of them under a readable root.
 SECRETS = [
-    f"/proc/{os.getpid()}/environ",
+    # named, not numbered: every test process must collect the same test ids
+    pytest.param(f"/proc/{os.getpid()}/environ", id="/proc/<this process>/environ"),
     "/proc/1/environ",
     "/proc/self/environ",
     "/root/.ssh/id_rsa",

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis_server
 from races import race
 
 from registry.errors import NotFoundError
@@ -33,7 +34,7 @@ from workers.spawns import (
     deadline_member,
 )
 
-REDIS_URL = "redis://127.0.0.1:6379/12"
+REDIS_URL = redis_server.url(12)
 ROUNDS = 20
 CALL = ToolCall(id="call_1", name="wipe_thing", arguments='{"thing": "tmp"}')
 

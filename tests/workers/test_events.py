@@ -1,5 +1,6 @@
-"""The event bus against a real Redis on 127.0.0.1:6379: numbering, history, dedup, retention and
-exactly-once, in-order delivery to late, concurrent, reconnecting and asyncio subscribers."""
+"""The event bus against a real Redis (this test process's own, ``redis_server.py``): numbering,
+history, dedup, retention and exactly-once, in-order delivery to late, concurrent, reconnecting
+and asyncio subscribers."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from uuid import uuid4
 import pytest
 import redis
 import redis.asyncio
+import redis_server
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -22,7 +24,7 @@ from registry.errors import UserError
 from workers.events import EventBus, SessionKeys
 from workers.messages import AgentTile, TaskNotification, TextDelta
 
-HOST, PORT = "127.0.0.1", 6379
+HOST, PORT = "127.0.0.1", redis_server.port()
 MODES = ["sync", "async"]
 #: A recheck period no test lives to see: the subscriber's idle timeout (15 s) and the reader's
 #: join (60 s) end it first, so whatever arrives came by reconnecting and gap filling alone.

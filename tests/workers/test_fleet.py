@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 import redis
+import redis_server
 
 from registry.agent_registry import AgentRegistry
 from registry.persona import Persona, Source
@@ -31,7 +32,7 @@ from workers.fleet import (
 )
 from workers.reload import RegistryFollower, broadcast_reload
 
-REDIS_URL = "redis://127.0.0.1:6379/7"
+REDIS_URL = redis_server.url(7)
 T = TypeVar("T")
 
 

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+import redis_server
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 
 from registry.errors import UserError
@@ -17,7 +18,7 @@ from workers import metrics
 from workers.celery_app import QUEUES
 from workers.messages import TextDelta, ToolCallEvent, Usage
 
-REDIS_URL = "redis://127.0.0.1:6379/6"
+REDIS_URL = redis_server.url(6)
 
 
 def value(name: str, **labels: str) -> float:

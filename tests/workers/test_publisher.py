@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
+import redis_server
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -20,7 +21,7 @@ from workers.events import EventBus, Outgoing, Published
 from workers.messages import Event, TaskNotification, TextDelta, ToolCallEvent
 from workers.publisher import EventWriter, PublishFailed
 
-URL = "redis://127.0.0.1:6379/5"
+URL = redis_server.url(5)
 SESSION = "s1"
 #: How long a condition may take to come true before the test calls the writer stuck.
 LIVENESS = 30.0
