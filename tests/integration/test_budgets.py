@@ -120,8 +120,8 @@ def test_the_tool_call_budget_of_a_chat_request_stops_the_spawn(cluster: Cluster
 
     note = events[-1]
     assert note["type"] == "task_notification" and note["budget_reached"] == "tool_calls"
-    done = cluster.client.store.get(note["spawn_id"])
-    assert done is not None
+    # The notification is published just before the final record is written: wait for it.
+    done = cluster.wait_status(note["spawn_id"], "ok", "failed")
     assert done.budget.requested == Budget(max_tool_calls=2)
     assert done.budget.limits == org(max_tool_calls=2)
     assert_stopped_at(cluster, done, "tool_calls", SUMMARY)
