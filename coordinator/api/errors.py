@@ -183,7 +183,14 @@ async def _no_consumer(request: Request, exc: NoConsumer) -> JSONResponse:
 
 async def _redis_down(request: Request, exc: redis.RedisError) -> JSONResponse:
     log.warning("redis error on %s %s: %s", request.method, request.url.path, exc)
+    if str(exc).startswith(_POOL_EXHAUSTED):  # Redis answers; this process waits its turn
+        message = "every Redis connection of this API process stayed busy; retry shortly"
+        return error_response(503, "redis_busy", message, headers={"Retry-After": "1"})
     return error_response(503, "redis_unavailable", f"Redis is unreachable: {exc}")
+
+
+#: What redis-py's bounded pool raises when no connection came free in time.
+_POOL_EXHAUSTED = "No connection available"
 
 
 #: What FastAPI says when a JSON body cannot be decoded at all (e.g. it is not UTF-8).

@@ -47,8 +47,11 @@ log = logging.getLogger(__name__)
 CLIENT_NAME = "ongrid-api-streams"
 #: Connections of the pool that reads stored events (and answers the streams' health checks).
 POOL_SIZE = 8
-#: Seconds a read waits for a free connection of the pool before it fails (and is retried).
-_POOL_WAIT = 5.0
+#: Seconds a read waits for a free connection of the pool before it fails (and is retried). A
+#: busy pool is a queue, not an outage (a Redis that is down fails at connect): with 5 s, a
+#: thousand streams opened at once on a loaded 2-core machine were partly refused with 503
+#: "Redis is unreachable: No connection available".
+_POOL_WAIT = 30.0
 #: Seconds a connection may take to connect, and a command to be answered.
 _CONNECT_TIMEOUT, _SOCKET_TIMEOUT = 5.0, 10.0
 #: Messages a stream may have waiting; past that it drops them and reads the stream key.
