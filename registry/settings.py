@@ -245,7 +245,7 @@ class Settings(BaseModel):
     #: live worker consumes before it is failed naming the queue: long enough for the only
     #: worker of a queue to restart in place (a warm shutdown withdraws its queues at once; the
     #: new process needs a few seconds to be ready), short enough not to leave a person looking
-    #: at silence. A worker that died is noticed ``CONSUMER_TTL`` later still.
+    #: at silence. A worker that died is noticed ``presence_ttl_seconds`` later still.
     stranded_grace_seconds: float = Field(default=15.0, gt=0)
     #: Seconds between two looks at the queues of the spawns someone waits on.
     stranded_check_seconds: float = Field(default=2.0, gt=0)
