@@ -939,6 +939,9 @@ def test_cancel_a_running_spawn(spawning: Api, cluster: Cluster):
         rest = list(events)
     assert rest[-1]["event"] == "task_notification"
     assert rest[-1]["data"]["status"] == "cancelled"
+    # The notification is published just before the final record is written: wait for it.
+    status = lambda: client.get(f"/api/v1/spawns/{spawn_id}").json()["status"]  # noqa: E731
+    wait_for(lambda: status() == "cancelled", 60, "the cancelled spawn's record")
     again = client.post(cancel_url)
     assert again.status_code == 409 and error_of(again)["code"] == "spawn_finished"
     messages = client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]
