@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import zygote
+
 __all__ = ["Proc", "wait_for"]
 
 T = TypeVar("T")
@@ -35,12 +37,24 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, every: float
 
 class Proc:
     """One process of the test, in its own process group, its output in ``logs/<name>-….log``
-    under ``cwd``."""
+    under ``cwd``.
 
-    def __init__(self, name: str, argv: list[str], cwd: Path, env: dict[str, str]) -> None:
+    ``forked``: a ``python -m …`` command is forked from this test process's zygote
+    (:mod:`zygote`), which has already imported what a worker imports, instead of exec'd; it
+    falls back to exec when the environment asks for interpreter settings a fork cannot take.
+    """
+
+    def __init__(
+        self, name: str, argv: list[str], cwd: Path, env: dict[str, str], *, forked: bool = False
+    ) -> None:
         self.name = name
         self.log_path = cwd / "logs" / f"{name}-{time.monotonic_ns()}.log"
         self.log_path.parent.mkdir(exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | zygote.Forked
+        if forked and zygote.can_fork(env):
+            self.log_path.touch()
+            self.proc = zygote.spawn(argv, cwd, env, self.log_path)
+            return
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

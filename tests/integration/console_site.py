@@ -559,10 +559,10 @@ def console(
         "OPENAI_API_BASE": f"{llm.url}/v1",
     }
     api_port = free_port()
-    api = Proc("api", ongrid("api", f"--port={api_port}"), cluster.root, env)
+    api = Proc("api", ongrid("api", f"--port={api_port}"), cluster.root, env, forked=True)
     cluster.workers.append(api)  # type: ignore[arg-type]  # killed and logged on close
     # A plain worker: the specialists' queues, and the coordinator's in its own pool.
-    worker = Proc("w1", ongrid("worker", "-c", "4", "--name=w1"), cluster.root, env)
+    worker = Proc("w1", ongrid("worker", "-c", "4", "--name=w1"), cluster.root, env, forked=True)
     cluster.workers.append(worker)  # type: ignore[arg-type]
     token, _role = TOKENS["alice"]
     api_client(api, api_port, token, DEADLINE).close()

@@ -121,13 +121,16 @@ def text_of(events: list[Event]) -> str:
 
 
 class Worker(Proc):
-    """One ``python -m coordinator worker`` process."""
+    """One ``python -m coordinator worker`` process: forked from the test process's zygote
+    unless ``fork`` is false (a test of the process image itself, such as its environ)."""
 
-    def __init__(self, name: str, queues: str, cwd: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, queues: str, cwd: Path, env: dict[str, str], *, fork: bool = True
+    ) -> None:
         self.queues = queues
         argv = [sys.executable, "-m", "coordinator", "worker", "-c", "16", "--loglevel=INFO"]
         argv += [f"--queues={queues}", f"--name={name}"]
-        super().__init__(name, argv, cwd, env)
+        super().__init__(name, argv, cwd, env, forked=fork)
 
     def wait_log(self, text: str, count: int = 1, timeout: float = 30.0) -> None:
         """Wait until the log holds ``text`` ``count`` times; fail early if the worker exits."""
@@ -224,9 +227,11 @@ class Cluster:
         *,
         ready: bool = True,
         env: dict[str, str] | None = None,
+        fork: bool = True,
     ) -> Worker:
-        """Start a worker process; by default wait until Celery says it is ready."""
-        worker = Worker(name, queues, self.root, {**self.env, **(env or {})})
+        """Start a worker process; by default wait until Celery says it is ready. ``fork``: see
+        :class:`Worker`."""
+        worker = Worker(name, queues, self.root, {**self.env, **(env or {})}, fork=fork)
         self.workers.append(worker)
         return worker.wait_ready() if ready else worker
 

@@ -53,7 +53,7 @@ class Site:
         env = {**self.env, **({"ONGRID_APPROVAL_TTL_SECONDS": str(ttl)} if ttl else {})}
         queues = "ongrid.interactive,ongrid.background"
         argv = ongrid("worker", "-c", str(slots), f"--queues={queues}", f"--name={name}")
-        proc = Proc(name, argv, self.cluster.root, env)
+        proc = Proc(name, argv, self.cluster.root, env, forked=True)
         self.cluster.workers.append(proc)  # type: ignore[arg-type]  # killed and logged on close
         wait_consumers(self.cluster.redis, tuple(queues.split(",")), proc)
         return proc
@@ -100,7 +100,7 @@ def site(cluster: Cluster) -> Iterator[Site]:
         ]
     )
     port = free_port()
-    api = Proc("api", ongrid("api", f"--port={port}"), cluster.root, env)
+    api = Proc("api", ongrid("api", f"--port={port}"), cluster.root, env, forked=True)
     cluster.workers.append(api)  # type: ignore[arg-type]
     made = Site(cluster, env)
     for user, (token, _role) in TOKENS.items():

@@ -60,7 +60,8 @@ def test_the_canary_never_leaves_the_worker(cluster: Cluster, open_dir: Path):
             "OPENAI_API_KEY": canary,
             "ONGRID_CONFIG": str(config),
             "ONGRID_REPO_ROOT": str(repo),
-        }
+        },
+        fork=False,  # exec'd: its /proc/<pid>/environ is the one it started with, canary included
     )
     pid = worker.pid
     commands = [

@@ -36,7 +36,7 @@ class Site:
     env: dict[str, str]
 
     def start(self, name: str, *args: str) -> Proc:
-        proc = Proc(name, ongrid(*args), self.cluster.root, self.env)
+        proc = Proc(name, ongrid(*args), self.cluster.root, self.env, forked=True)
         self.cluster.workers.append(proc)  # type: ignore[arg-type]  # killed and logged on close
         return proc
 

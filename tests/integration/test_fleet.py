@@ -76,7 +76,7 @@ def site(tmp_path: Path, fake: FakeLLM, request: pytest.FixtureRequest) -> Itera
         "ONGRID_PRESENCE_TTL_SECONDS": "4",
     }
     port = free_port()
-    api = Proc("api", ongrid("api", f"--port={port}"), root, env)
+    api = Proc("api", ongrid("api", f"--port={port}"), root, env, forked=True)
     cluster.workers.append(api)  # type: ignore[arg-type]  # killed and logged on close
     try:
         http = api_client(api, port, TOKEN, DEADLINE)
