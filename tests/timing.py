@@ -2,10 +2,10 @@
 
 Each test process notes, for every test, the CPU time it used itself and the CPU time of the
 processes it started and waited for (workers, the API, servers: ``os.times`` counts a child once
-it is reaped), and hands both to the process that reports (xdist's controller, or the same one)
-in the test's last report. At the end of the run the report shows the modules by wall time and
-the slowest tests, each with its CPU; ``ONGRID_TEST_TIMING=<file>`` also writes every test's
-figures there as JSON.
+it is reaped; a worker forked by :mod:`zygote`, once the zygote reaped it), and hands both to the
+process that reports (xdist's controller, or the same one) in the test's last report. At the end
+of the run the report shows the modules by wall time and the slowest tests, each with its CPU;
+``ONGRID_TEST_TIMING=<file>`` also writes every test's figures there as JSON.
 
 Wall time is what a test waits for, CPU what it costs the machine: on two cores the suite is
 bound by the sum of the CPU, whatever the number of test processes.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import zygote
 
 __all__ = ["Timing"]
 
@@ -29,9 +30,10 @@ SHOWN_TESTS = 30
 
 
 def _cpu() -> tuple[float, float]:
-    """CPU seconds (user + system) of this process and of its reaped children."""
+    """CPU seconds (user + system) of this process and of its reaped children, the processes
+    its zygote forked for it included."""
     t = os.times()
-    return t.user + t.system, t.children_user + t.children_system
+    return t.user + t.system, t.children_user + t.children_system + zygote.reaped_cpu()
 
 
 @dataclass

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["Forked", "can_fork", "spawn"]
+__all__ = ["Forked", "can_fork", "reaped_cpu", "run", "spawn"]
 
 #: What the zygote imports before it forks: the libraries a worker process loads and the
 #: project modules that only define things (none reads the environment at import).
@@ -103,7 +103,7 @@ def _serve(path: str, base_path: list[str], litellm_env: dict[str, str]) -> NoRe
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
         while waiting:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
@@ -111,20 +111,26 @@ def _serve(path: str, base_path: list[str], litellm_env: dict[str, str]) -> NoRe
             conn = waiting.pop(pid, None)
             if conn is not None:
                 code = os.waitstatus_to_exitcode(status)
+                # The process's CPU, which the test process cannot see as its child's.
+                cpu = usage.ru_utime + usage.ru_stime
                 with contextlib.suppress(OSError):
-                    conn.sendall(json.dumps({"returncode": code}).encode() + b"\n")
+                    conn.sendall(json.dumps({"returncode": code, "cpu_s": cpu}).encode() + b"\n")
                 conn.close()
 
 
-def _stdio(log_path: str, unbuffered: bool) -> None:
-    """Point fds 0-2 and ``sys.std*`` where a ``Popen(stdout=log, stderr=STDOUT)`` would."""
+def _stdio(stdout: str, stderr: str, unbuffered: bool) -> None:
+    """Point fds 0-2 and ``sys.std*`` where ``Popen(stdin=DEVNULL, stdout=…, stderr=…)`` would
+    (the same path twice: ``stderr=STDOUT``)."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    for fd, path in ((1, stdout), (2, stderr)):
+        if fd == 2 and path == stdout:
+            os.dup2(1, 2)
+            continue
+        out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
     encoding = sys.stdout.encoding if sys.stdout is not None else "utf-8"
     streams = []
     for fd, errors in ((1, "strict"), (2, "backslashreplace")):
@@ -146,7 +152,7 @@ def _become(request: dict[str, Any]) -> None:
     env: dict[str, str] = request["env"]
     for key, value in request["litellm_env"].items():
         env.setdefault(key, value)  # what load() set before the import it already did
-    _stdio(request["log"], bool(env.get("PYTHONUNBUFFERED")))
+    _stdio(request["stdout"], request["stderr"], bool(env.get("PYTHONUNBUFFERED")))
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     os.chdir(request["cwd"])
     os.environ.clear()
@@ -186,8 +192,8 @@ class _Zygote:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._dir = Path(tempfile.mkdtemp(prefix="ongrid-zygote-"))
-        self.path = str(self._dir / "socket")
+        self._dir = Path()
+        self.path = ""
         self.env: dict[str, str] = {}
 
     def started(self) -> str:
@@ -197,6 +203,9 @@ class _Zygote:
             return self.path
 
     def _start(self) -> None:
+        if not self.path:
+            self._dir = Path(tempfile.mkdtemp(prefix="ongrid-zygote-"))
+            self.path = str(self._dir / "socket")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         # The environment every harness gives its workers, less what differs per test.
@@ -238,6 +247,12 @@ class _Zygote:
 
 
 _zygote = _Zygote()
+_reaped_cpu = 0.0
+
+
+def reaped_cpu() -> float:
+    """CPU seconds of the forks this process has seen exit (its zygote reaped them)."""
+    return _reaped_cpu
 
 
 def can_fork(env: dict[str, str]) -> bool:
@@ -268,7 +283,10 @@ class Forked:
             raise RuntimeError(f"the worker zygote went away before process {self.pid} exited")
         self._pending += chunk
         if self._pending.endswith(b"\n"):
-            self.returncode = int(json.loads(self._pending)["returncode"])
+            global _reaped_cpu
+            ended = json.loads(self._pending)
+            _reaped_cpu += float(ended["cpu_s"])
+            self.returncode = int(ended["returncode"])
             self._sock.close()
 
     def poll(self) -> int | None:
@@ -297,9 +315,11 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
-def spawn(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> Forked:
+def spawn(
+    argv: list[str], cwd: Path, env: dict[str, str], log_path: Path, stderr: Path | None = None
+) -> Forked:
     """Start ``argv`` (``[sys.executable, "-m", module, *args]``) as a fork of the zygote, its
-    output appended to ``log_path``."""
+    output appended to ``log_path`` (its standard error too, unless ``stderr`` names a file)."""
     if argv[:2] != [sys.executable, "-m"]:
         raise ValueError(f"the zygote runs `python -m …` commands only, not {argv}")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -310,7 +330,8 @@ def spawn(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> Fo
         "args": argv[3:],
         "cwd": str(cwd),
         "env": env,
-        "log": str(log_path),
+        "stdout": str(log_path),
+        "stderr": str(stderr or log_path),
     }
     sock.sendall(json.dumps(request).encode() + b"\n")
     answer = b""
@@ -323,6 +344,30 @@ def spawn(argv: list[str], cwd: Path, env: dict[str, str], log_path: Path) -> Fo
     forked = Forked(argv, sock, int(json.loads(first)["pid"]))
     forked._pending = rest
     return forked
+
+
+def run(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, cwd=…, env=…, capture_output=True, text=True, timeout=…)`` for a
+    ``python -m …`` command, forked from the zygote when ``env`` allows it."""
+    if not can_fork(env):
+        return subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    with tempfile.TemporaryDirectory(prefix="ongrid-run-") as scratch:
+        out, err = Path(scratch, "stdout"), Path(scratch, "stderr")
+        forked = spawn(argv, cwd, env, out, stderr=err)
+        try:
+            code = forked.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(forked.pid, signal.SIGKILL)
+            forked.wait(30)
+            raise
+        return subprocess.CompletedProcess(
+            argv, code, out.read_text(errors="replace"), err.read_text(errors="replace")
+        )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Helpers of the marketplace tests: writing marketplaces and plugins, running ``ongrid plugins``.
 
-The CLI runs as a subprocess in the cluster's directory, with the workers' environment, so it
-reads the same database and writes the same marketplace root as they do.
+The CLI runs as a process of its own (forked from the test process's zygote) in the cluster's
+directory, with the workers' environment, so it reads the same database and writes the same
+marketplace root as they do.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+import zygote
 from harness import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,14 +26,7 @@ CORPUS_MARKETPLACE = (
 
 def ongrid(cluster: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """``ongrid ARGS`` in the cluster's directory; ``check``: fail showing its output."""
-    done = subprocess.run(
-        [sys.executable, "-m", "coordinator", *args],
-        cwd=cluster.root,
-        env=cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = zygote.run([sys.executable, "-m", "coordinator", *args], cluster.root, cluster.env, 180)
     if check and done.returncode != 0:
         raise AssertionError(f"ongrid {' '.join(args)} exited {done.returncode}:\n{done.stderr}")
     return done
