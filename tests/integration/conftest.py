@@ -4,8 +4,9 @@
 - ``fake``: the scripted OpenAI-protocol server (:mod:`workers.testing.fake_openai`) in its own
   process, reached by litellm over a socket; the test writes its rules with ``fake.script``;
 - ``cluster``: a working directory holding ``agents/`` (the personas the test writes), the
-  workers' environment, ``start_worker`` (``python -m coordinator worker`` processes, one log
-  file each, printed when the test fails) and a :class:`~workers.client.SpawnClient`.
+  workers' environment, ``start_worker`` (``python -m coordinator worker`` processes, forked
+  from the test process's zygote, ``tests/zygote.py``; one log file each, printed when the test
+  fails) and a :class:`~workers.client.SpawnClient`.
 
 The helpers live in ``harness.py``, next to this file.
 """
