@@ -561,12 +561,20 @@ def console(
     api_port = free_port()
     api = Proc("api", ongrid("api", f"--port={api_port}"), cluster.root, env, forked=True)
     cluster.workers.append(api)  # type: ignore[arg-type]  # killed and logged on close
-    # A plain worker: the specialists' queues, and the coordinator's in its own pool.
-    worker = Proc("w1", ongrid("worker", "-c", "4", "--name=w1"), cluster.root, env, forked=True)
-    cluster.workers.append(worker)  # type: ignore[arg-type]
+    # The specialists' queues, and the coordinator's in a process of its own, as a plain worker
+    # runs them (both forked: a plain worker would exec its coordinator pool, a whole import of
+    # litellm per test; the pool itself is tested in test_worker_entry.py).
+    coordinator = ("ongrid.coordinator",)
+    specialists = tuple(q for q in ALL_QUEUES if q not in coordinator)
+    workers = {}
+    for name, queues in (("w1", specialists), ("w1-coordinator", coordinator)):
+        argv = ongrid("worker", "-c", "4", f"--queues={','.join(queues)}", f"--name={name}")
+        workers[queues] = Proc(name, argv, cluster.root, env, forked=True)
+        cluster.workers.append(workers[queues])  # type: ignore[arg-type]  # killed, logged
     token, _role = TOKENS["alice"]
     api_client(api, api_port, token, DEADLINE).close()
-    wait_consumers(cluster.redis, ALL_QUEUES, worker)
+    for queues, worker in workers.items():
+        wait_consumers(cluster.redis, queues, worker)
     site = ConsoleSite(
         cluster=cluster,
         env=env,
