@@ -49,13 +49,20 @@ class Message(BaseModel):
 
 
 class Usage(BaseModel):
-    """Tokens and cost (USD, litellm's accounting) of one model call or a sum of them."""
+    """Tokens and cost (USD, litellm's accounting) of one model call or a sum of them.
+
+    ``prompt_tokens`` counts every input token of the calls, cached or not; of those,
+    ``cache_write_tokens`` were written to the provider's prompt cache and ``cache_read_tokens``
+    read from it (each priced differently, which ``cost`` accounts for).
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     cost: float = 0.0
     model_calls: int = 0
+    cache_write_tokens: int = 0
+    cache_read_tokens: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -64,6 +71,8 @@ class Usage(BaseModel):
             total_tokens=self.total_tokens + other.total_tokens,
             cost=self.cost + other.cost,
             model_calls=self.model_calls + other.model_calls,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            cache_read_tokens=self.cache_read_tokens + other.cache_read_tokens,
         )
 
 

@@ -65,6 +65,16 @@ class ModelRequest:
     """Whether text is wanted as it is generated. ``False`` (nobody is watching the session):
     the adapter may ask for the whole reply at once, which costs far less CPU per call, and
     yields its text as one delta."""
+    max_tokens: int | None = None
+    """The most tokens the reply may have; ``None``: the provider's default (litellm then asks
+    for the model's whole output limit)."""
+    cache_key: str = ""
+    """Names the conversation for providers that route prompt caching by a key (OpenAI's
+    ``prompt_cache_key``): the spawn id. Empty: none sent."""
+    stable: int = 0
+    """How many of ``messages``, from the first, the next call of this conversation sends again
+    unchanged (all but the per-turn reminder and what follows it): where a provider's cache
+    breakpoint may go. 0: no caching asked for."""
 
 
 @dataclass(frozen=True)
