@@ -71,9 +71,30 @@ def show_event(console: Console, event: Any, *, full: bool = False, more_hint: s
         console.print(
             Text(f"? {event.name} needs confirmation ({event.confirmation})", style="yellow")
         )
+    elif kind == "context_compacted":
+        console.print()
+        console.print(
+            Text(
+                f"⋯ context compacted (#{event.number}): {event.replaced} earlier messages "
+                f"replaced by the investigation ledger, about {event.tokens_before:,} → "
+                f"{event.tokens_after:,} tokens ({event.reason})",
+                style="dim",
+            )
+        )
+        lines, note = _folded(event.ledger, full, more_hint)
+        for line in lines:
+            console.print(Text("    " + line, style="dim"))
+        if note:
+            console.print(Text("    " + note, style="dim"))
     elif kind == "task_notification":
         colour = "green" if event.status == "ok" else "red"
-        cost = f", ${event.usage.cost:.4f}" if event.usage.cost else ""
+        usage = event.usage
+        cost = f", ${usage.cost:.4f}" if usage.cost else ""
+        if usage.cache_read_tokens or usage.cache_write_tokens:
+            cost = (
+                f" of which {usage.cache_read_tokens} read from and {usage.cache_write_tokens} "
+                f"written to the prompt cache{cost}"
+            )
         console.print()
         console.print(
             Text.assemble(

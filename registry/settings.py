@@ -26,6 +26,7 @@ __all__ = [
     "LOCAL_ADMIN_USER",
     "LOCAL_TOKEN_ENV",
     "ApiLimits",
+    "ModelLimits",
     "RoleConfig",
     "Settings",
     "TokenGrant",
@@ -79,6 +80,7 @@ _ENV: dict[str, str] = {
     "ONGRID_MODEL_RETRIES": "model_retries",
     "ONGRID_MODEL_RETRY_BASE_SECONDS": "model_retry_base_seconds",
     "ONGRID_MODEL_RETRY_MAX_SECONDS": "model_retry_max_seconds",
+    "ONGRID_REPLY_TOKENS": "reply_tokens",
     "ONGRID_SPAWN_TIME_LIMIT_SECONDS": "spawn_time_limit_seconds",
     "ONGRID_TOOL_THREADS": "tool_threads",
     "ONGRID_STREAM_REPLIES": "stream_replies",
@@ -185,6 +187,17 @@ class ApiLimits(BaseModel):
     sessions_per_user: int = Field(default=1000, ge=1)
 
 
+class ModelLimits(BaseModel):
+    """A model's limits in tokens, where litellm's model map lacks them or has them wrong:
+    ``models: {"<model id>": {context_window: …, max_output_tokens: …}}`` in the config file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Input and output together.
+    context_window: int | None = Field(default=None, gt=0)
+    max_output_tokens: int | None = Field(default=None, gt=0)
+
+
 class Settings(BaseModel):
     """Everything configurable. Paths relative to the working directory stay relative."""
 
@@ -263,6 +276,11 @@ class Settings(BaseModel):
     model_retry_base_seconds: float = Field(default=1.0, ge=0)
     #: No wait between attempts is longer, a provider's ``Retry-After`` included.
     model_retry_max_seconds: float = Field(default=30.0, ge=0)
+    #: Per model id: its context window and output limit, over litellm's model map.
+    models: dict[str, ModelLimits] = Field(default_factory=dict)
+    #: The output limit each model call asks for (the model's own limit caps it); the rest of
+    #: the window is what the conversation may fill (:mod:`workers.context`).
+    reply_tokens: int = Field(default=8192, ge=256)
     #: Longest run of one spawn attempt; past it the spawn is stopped and failed, saying so.
     spawn_time_limit_seconds: float = Field(default=6 * 3600, gt=0)
     #: The organisation's budget of every spawn: finite defaults (:class:`OrgBudget`) that

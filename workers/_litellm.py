@@ -509,3 +509,21 @@ def _status(exc: BaseException) -> int | None:
             return None
     status = getattr(exc, "status_code", None)
     return status if isinstance(status, int) else None
+
+
+# --- model limits -------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def model_limits(model_id: str) -> tuple[int, int] | None:
+    """``(context window, output limit)`` in tokens from litellm's model info; ``None`` for a
+    model its map does not know (or knows without both figures)."""
+    try:
+        info = load().get_model_info(model_id)
+    except Exception:  # noqa: BLE001 - litellm raises for a model it has no entry for
+        return None
+    window = info.get("max_input_tokens") or info.get("max_tokens")
+    output = info.get("max_output_tokens") or info.get("max_tokens")
+    if not isinstance(window, int) or not isinstance(output, int) or window <= 0 or output <= 0:
+        return None
+    return window, output

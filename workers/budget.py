@@ -89,7 +89,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-Limit = Literal["tokens", "cost", "time", "tool_calls"]
+#: ``context``: not a budget of the spawn's but its model's window, which the conversation could
+#: not be made to fit (:class:`~workers.context.ContextExhausted`); it ends the same way.
+Limit = Literal["tokens", "cost", "time", "tool_calls", "context"]
 #: Each limit: its :class:`Budget` field and its :class:`Spent` field, in the order checked.
 _LIMITS: tuple[tuple[Limit, str, str], ...] = (
     ("tokens", "max_tokens", "tokens"),
@@ -137,9 +139,13 @@ class Reached(BaseModel):
             return f"{self.spent:.6g} USD of max_cost_usd={self.maximum:g}"
         if self.limit == "time":
             return f"{self.spent:.1f} s of max_seconds={self.maximum:g}"
+        if self.limit == "context":
+            return f"about {self.spent:.0f} tokens needed, the model's window is {self.maximum:.0f}"
         return f"{self.spent:.0f} tool calls of max_tool_calls={self.maximum:.0f}"
 
     def __str__(self) -> str:
+        if self.limit == "context":
+            return f"outgrew its model's context window ({self.figures()})"
         return f"reached its {self.limit} budget ({self.figures()})"
 
 
@@ -458,6 +464,13 @@ class _GuardedModel:
 
 def summary_request(reached: Reached) -> str:
     """The last user message of a spawn that reached a limit."""
+    if reached.limit == "context":
+        return (
+            f"This task's conversation no longer fits the model's context window "
+            f"({reached.figures()}) and stops now: no more tool calls. Write your best partial "
+            "answer: what you found, with the evidence the tools returned; what is still "
+            "unfinished; and that it is unfinished because the context window ran out."
+        )
     return (
         f"This task has reached its {reached.limit} budget ({reached.figures()}) and stops now: "
         "no more tool calls. Write your best partial answer: what you found, with the evidence "

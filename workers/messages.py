@@ -16,6 +16,7 @@ __all__ = [
     "AgentTile",
     "ApprovalDecided",
     "ConfirmationRequired",
+    "ContextCompacted",
     "Event",
     "Message",
     "Requester",
@@ -178,7 +179,24 @@ class TaskNotification(_Envelope):
     usage: Usage = Field(default_factory=Usage)
     #: The budget limit that stopped the spawn (``ok``: ``message`` then holds its partial
     #: answer); ``None``: no limit did.
-    budget_reached: Literal["tokens", "cost", "time", "tool_calls"] | None = None
+    budget_reached: Literal["tokens", "cost", "time", "tool_calls", "context"] | None = None
+
+
+class ContextCompacted(_Envelope):
+    """The spawn's earlier turns were replaced by an investigation ledger the model wrote, to
+    keep the conversation inside the model's window (:mod:`workers.context`)."""
+
+    type: Literal["context_compacted"] = "context_compacted"
+    #: 1 for the spawn's first compaction, then 2…
+    number: int
+    #: Why: the estimate against the budget, or the provider's refusal as too long.
+    reason: str
+    #: Messages the ledger replaced.
+    replaced: int
+    #: Estimated input tokens of the next request before and after.
+    tokens_before: int
+    tokens_after: int
+    ledger: str
 
 
 Event = Annotated[
@@ -188,7 +206,8 @@ Event = Annotated[
     | ToolResultEvent
     | ConfirmationRequired
     | ApprovalDecided
-    | TaskNotification,
+    | TaskNotification
+    | ContextCompacted,
     Field(discriminator="type"),
 ]
 

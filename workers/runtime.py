@@ -73,6 +73,7 @@ from workers.approvals import ApprovalFeed
 from workers.budget import BudgetGuard, BudgetReached, Reached, notification_text, partial_answer
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import enqueue
+from workers.context import ContextExhausted, ContextPolicy, Window, last_ledger
 from workers.egress import EgressPolicy, EgressProxy
 from workers.engine import Engine
 from workers.events import EventBus
@@ -139,6 +140,40 @@ def model_for(model_id: str, credentials: ProviderCredentials | None = None) -> 
     from workers._litellm import LitellmModel
 
     return LitellmModel(credentials=credentials)
+
+
+#: The window assumed for a model litellm's map does not know and ``models:`` does not describe:
+#: small, so its conversations are compacted early rather than refused.
+UNKNOWN_WINDOW = Window(context_window=32_768, max_output=4_096)
+
+
+@functools.lru_cache(maxsize=256)
+def _warn_unknown_window(model_id: str) -> None:
+    log.warning(
+        "model %s: its context window and output limit are unknown (litellm's model map has "
+        "no entry); assuming %d and %d tokens: set models: {%s: {context_window: …, "
+        "max_output_tokens: …}} in the config file",
+        model_id,
+        UNKNOWN_WINDOW.context_window,
+        UNKNOWN_WINDOW.max_output,
+        model_id,
+    )
+
+
+def model_window(model_id: str, settings: Settings) -> Window:
+    """A model's limits: the config file's ``models:`` entry, else litellm's model map, else
+    :data:`UNKNOWN_WINDOW` (with a warning, once per model)."""
+    from workers._litellm import model_limits
+
+    configured = settings.models.get(model_id)
+    known = model_limits(model_id)
+    if known is None and (configured is None or configured.context_window is None):
+        _warn_unknown_window(model_id)
+    window, output = known or (UNKNOWN_WINDOW.context_window, UNKNOWN_WINDOW.max_output)
+    if configured is not None:
+        window = configured.context_window or window
+        output = configured.max_output_tokens or output
+    return Window(context_window=window, max_output=min(output, window))
 
 
 def _about_to_run(state: LoopState) -> bool:
@@ -450,6 +485,7 @@ class WorkerRuntime:
             if draining:
                 raise WorkerDraining(spawn_id)
 
+        setup = replace(setup, context=self._context_policy(record))
         model = MeasuredModel(
             RetryingModel(
                 # Checked before each try: no model call once the lease may be another's.
@@ -461,12 +497,19 @@ class WorkerRuntime:
         )
         try:
             outcome = await run_loop(setup, record.state, guard.model(model), sink.emit, checkpoint)
-        except BudgetReached as exc:
+        except (BudgetReached, ContextExhausted) as exc:
             # The last call names no tools: it is not offered any.
             locale = self.settings.default_locale
             reminder = turn_reminder(persona, record.model_id, ToolBag(()), locale)
             last = replace(setup, reminder=reminder)
-            return await self._stop_at_budget(record, token, last, model, guard, exc.reached)
+            reached = (
+                exc.reached
+                if isinstance(exc, BudgetReached)
+                else Reached(limit="context", spent=exc.tokens, maximum=exc.window)
+            )
+            if isinstance(exc, ContextExhausted):
+                log.warning("spawn %s: %s", spawn_id, exc)
+            return await self._stop_at_budget(record, token, last, model, guard, reached)
         except SpawnCancelled:
             return await self._finish(record, token, "cancelled", "cancelled on request")
         except (WorkerDraining, RetryAbandoned):
@@ -479,6 +522,17 @@ class WorkerRuntime:
             log.exception("spawn %s crashed", spawn_id)
             return await self._finish(record, token, "failed", f"{type(exc).__name__}: {exc}")
         return await self._conclude(record, token, outcome)
+
+    def _context_policy(self, record: SpawnRecord) -> ContextPolicy | None:
+        """How the spawn's conversation is kept inside its model's window; ``None`` for the
+        demo model, which has none."""
+        if record.model_id == DEMO_MODEL:
+            return None
+        return ContextPolicy(
+            window=model_window(record.model_id, self.settings),
+            store=self.astore.results(record.spawn_id),
+            reply_tokens=self.settings.reply_tokens,
+        )
 
     async def _announce(self, event: ConfirmationRequired, index: int) -> None:
         """A call put to people, before the checkpoint that records it: its deadline filed for
@@ -512,6 +566,10 @@ class WorkerRuntime:
             if not isinstance(exc, ModelError):
                 log.exception("spawn %s: the partial answer crashed", record.spawn_id)
             guard.tick()
+            ledger = last_ledger(record.state.messages)
+            if reached.limit == "context" and ledger:
+                # The ledger the model last wrote is the best partial answer there is.
+                return await self._finish(record, token, "ok", ledger)
             why = f"{reached}; its partial answer could not be written: {exc}"
             return await self._finish(record, token, "failed", why)
         guard.tick()

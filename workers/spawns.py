@@ -68,6 +68,7 @@ __all__ = [
     "SpawnRecord",
     "SpawnStatus",
     "SpawnStore",
+    "StoredResults",
     "deadline_member",
     "parse_deadline_member",
 ]
@@ -145,6 +146,9 @@ class SpawnRecord(BaseModel):
     #: ``None``: this object was read without its messages (``state.messages`` is empty, not the
     #: transcript), so its writes leave the list as it is.
     _messages_saved: int | None = PrivateAttr(default=None)
+    #: ``state.rewrites`` as the list in Redis reflects it: a state rewritten in place since
+    #: (results shrunk, a compaction) replaces the list whole.
+    _rewrites_saved: int = PrivateAttr(default=0)
 
     @property
     def finished(self) -> bool:
@@ -182,6 +186,7 @@ def attach_messages(record: SpawnRecord, items: list[bytes]) -> SpawnRecord:
         return record
     if record.state is not None:
         record.state.messages = _MESSAGES.validate_json(b"[" + b",".join(items) + b"]")
+        record._rewrites_saved = record.state.rewrites
     record._messages_saved = len(items)
     return record
 
@@ -192,7 +197,9 @@ def _unsaved(record: SpawnRecord) -> tuple[bool, list[str]]:
     if saved is None:
         return False, []
     messages = record.state.messages if record.state is not None else []
-    if len(messages) < saved:  # the state was replaced by a shorter one: the list follows it
+    rewritten = record.state is not None and record.state.rewrites != record._rewrites_saved
+    # The state was replaced by a shorter one, or rewritten in place: the list follows it.
+    if len(messages) < saved or rewritten:
         return True, [m.model_dump_json() for m in messages]
     return False, [m.model_dump_json() for m in messages[saved:]]
 
@@ -200,6 +207,7 @@ def _unsaved(record: SpawnRecord) -> tuple[bool, list[str]]:
 def _mark_saved(record: SpawnRecord) -> None:
     if record._messages_saved is not None:
         record._messages_saved = len(record.state.messages) if record.state is not None else 0
+        record._rewrites_saved = record.state.rewrites if record.state is not None else 0
 
 
 class _Keys:
@@ -217,6 +225,10 @@ class _Keys:
 
     def lease_key(self, spawn_id: str) -> str:
         return f"{self.prefix}lease:{spawn_id}"
+
+    def results_key(self, spawn_id: str) -> str:
+        """The hash of the spawn's large tool results, by call id (:mod:`workers.context`)."""
+        return f"{self.prefix}results:{spawn_id}"
 
     def cancel_key(self, spawn_id: str) -> str:
         return f"{self.prefix}cancel:{spawn_id}"
@@ -584,6 +596,10 @@ class AsyncSpawnStore(_Keys):
             raw, items = await pipe.execute()
         return attach_messages(decode_record(raw), items) if raw else None
 
+    def results(self, spawn_id: str) -> StoredResults:
+        """The spawn's store of large tool results."""
+        return StoredResults(self, spawn_id)
+
     async def save(self, record: SpawnRecord, token: str, *, release: bool = False) -> bool:
         """:meth:`SpawnStore.save`."""
         keys, args = self._save_call(record, token, release)
@@ -641,3 +657,24 @@ class AsyncSpawnStore(_Keys):
         """Index the deadline of a confirmation request, for the sweep that expires it."""
         member = deadline_member(spawn_id, call_id)
         await self.r.zadd(self.approval_deadlines_key, {member: expires_at})
+
+
+class StoredResults:
+    """One spawn's large tool results in Redis (a :class:`~workers.context.ResultStore`), kept
+    as long as its record. Written before the checkpoint that refers to a result; a result is
+    the same whichever attempt writes it (a call runs once), so the write is not fenced."""
+
+    def __init__(self, store: AsyncSpawnStore, spawn_id: str) -> None:
+        self._r = store.r
+        self._key = store.results_key(spawn_id)
+        self._retention = store.retention
+
+    async def put(self, call_id: str, content: str) -> None:
+        async with self._r.pipeline(transaction=False) as pipe:
+            pipe.hset(self._key, call_id, content)
+            pipe.expire(self._key, self._retention)
+            await pipe.execute()
+
+    async def get(self, call_id: str) -> str | None:
+        raw: Any = await cast(Awaitable[Any], self._r.hget(self._key, call_id))
+        return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -111,6 +111,40 @@ def test_a_shorter_state_replaces_the_list(r: redis.Redis, store: SpawnStore):
     assert _listed(r, store, record.spawn_id) == ["message 9", "message 10"]
 
 
+def test_a_state_rewritten_in_place_replaces_the_list(r: redis.Redis, store: SpawnStore):
+    """Results shrunk to their previews keep the message count: the rewrite count tells."""
+    record, token = _running(store, messages=4)
+    assert record.state is not None
+    record.state.messages[1] = Message(role="assistant", content="shrunk")
+    record.state.rewrites += 1
+    store.save(record, token)
+    assert _listed(r, store, record.spawn_id) == ["message 0", "shrunk", "message 2", "message 3"]
+    again = store.get(record.spawn_id)
+    assert again is not None and again.state is not None
+    again.state.messages.append(_message(4))
+    store.save(again, token)  # read back, then appended to: only the new message is added
+    assert _listed(r, store, record.spawn_id)[-2:] == ["message 3", "message 4"]
+    assert len(_listed(r, store, record.spawn_id)) == 5
+
+
+def test_stored_results_live_beside_the_record(store: SpawnStore, spawn_redis_url: str):
+    record = store.create(SpawnRecord(session_id="s1", persona="probe", prompt="p"))
+
+    async def roundtrip() -> tuple[str | None, str | None, int]:
+        client = redis.asyncio.Redis.from_url(spawn_redis_url)
+        try:
+            results = AsyncSpawnStore(client).results(record.spawn_id)
+            await results.put("call_1", "x" * 20_000)
+            ttl = await client.ttl(store.results_key(record.spawn_id))
+            return await results.get("call_1"), await results.get("call_2"), ttl
+        finally:
+            await client.aclose()
+
+    stored, missing, ttl = asyncio.run(roundtrip())
+    assert stored == "x" * 20_000 and missing is None
+    assert 0 < ttl <= store.retention
+
+
 def test_claim_and_decide_keep_the_list_and_track_the_lease(r: redis.Redis, store: SpawnStore):
     call = ToolCall(id="call_1", name="wipe_thing")
     record = SpawnRecord(
