@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import email.utils
 import functools
+import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -173,6 +175,56 @@ def has_credentials(model_id: str, credentials: ProviderCredentials | None = Non
         return False
 
 
+# --- prompt caching ------------------------------------------------------------------------------
+
+#: Anthropic's breakpoint: the prefix up to and including the marked block is cached.
+_EPHEMERAL = {"type": "ephemeral"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _breakpoint_caching(model_id: str) -> bool:
+    """Whether ``model_id`` is cached through Anthropic's ``cache_control`` breakpoints
+    (Claude on Anthropic's API, Bedrock, Vertex AI…), as litellm decides it."""
+    provider = _provider(model_id)
+    if provider == "anthropic":
+        return True
+    try:
+        from litellm.llms.anthropic.common_utils import supports_anthropic_cache_control
+    except ImportError:  # an older litellm: Anthropic's own API only
+        return False
+    return bool(supports_anthropic_cache_control(model_id, provider))
+
+
+def _caching(request: ModelRequest) -> dict[str, Any]:
+    """OpenAI's ``prompt_cache_key``: requests carrying the same key land on the same cache."""
+    if request.cache_key and request.stable and _provider(request.model) == "openai":
+        return {"prompt_cache_key": request.cache_key}
+    return {}
+
+
+def _mark_breakpoints(request: ModelRequest, arguments: dict[str, Any]) -> None:
+    """Put Anthropic's cache breakpoints (four at most) on the prefix every turn sends again.
+
+    Anthropic caches in the order tools → system → messages, so the marks go on the last tool,
+    the system prompt, the persona's opening message (which compaction keeps, so its prefix is
+    read back even after older turns were replaced) and the last message of the stable prefix
+    (``request.stable``); the turn's reminder comes after it and never breaks the prefix. A
+    mark on a message litellm turns into one on its last block.
+    """
+    if not request.stable or not _breakpoint_caching(request.model):
+        return
+    messages: list[dict[str, Any]] = arguments["messages"]
+    marked = {i for i in (0, _first_user(messages), request.stable - 1) if 0 <= i < len(messages)}
+    for index in marked:
+        messages[index]["cache_control"] = _EPHEMERAL
+    if arguments["tools"]:
+        arguments["tools"][-1]["cache_control"] = _EPHEMERAL
+
+
+def _first_user(messages: list[dict[str, Any]]) -> int:
+    return next((i for i, m in enumerate(messages) if m["role"] == "user"), -1)
+
+
 # --- the streamed reply -------------------------------------------------------------------------
 
 
@@ -250,13 +302,32 @@ class _Reply:
         prompt = getattr(self.usage, "prompt_tokens", 0) or 0
         completion = getattr(self.usage, "completion_tokens", 0) or 0
         cost = self.cost if self.cost is not None else _price(model, prompt, completion)
+        written, read = _cache_tokens(self.usage)
         return Usage(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
             cost=cost,
             model_calls=1,
+            cache_write_tokens=written,
+            cache_read_tokens=read,
         )
+
+
+def _cache_tokens(usage: Any) -> tuple[int, int]:
+    """``(written, read)``: the input tokens a call wrote to the provider's prompt cache and
+    read from it, both included in litellm's ``prompt_tokens``. Anthropic reports both;
+    OpenAI reads only (``prompt_tokens_details.cached_tokens``)."""
+
+    def count(value: Any) -> int:
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    written = count(getattr(usage, "cache_creation_input_tokens", None))
+    read = count(getattr(usage, "cache_read_input_tokens", None))
+    if not read:
+        details = getattr(usage, "prompt_tokens_details", None)
+        read = count(getattr(details, "cached_tokens", None))
+    return written, read
 
 
 def _cost_of(chunk: Any, usage: Any) -> float | None:
@@ -322,8 +393,12 @@ class LitellmModel:
             "messages": [_openai_message(m) for m in request.messages],
             "tools": [_openai_tool(t) for t in request.tools] or None,
             "timeout": self.timeout,
+            **_caching(request),
             **self._call_options(request.model),
         }
+        if request.max_tokens is not None:
+            arguments["max_tokens"] = request.max_tokens
+        _mark_breakpoints(request, arguments)
         try:
             if request.stream:
                 reply = _Reply()
@@ -397,14 +472,44 @@ def _model_error(model: str, exc: Exception, timeout: float) -> ModelError:
     retryable = isinstance(exc, _retryable_types()) or (
         status is not None and (status in _RETRYABLE_STATUS or status >= 500)
     )
+    cause = _cause(exc, status, timeout)
+    said = _provider_message(exc)
     return ModelError(
         model,
-        str(exc),
+        f"{cause}: {said}" if said and said.lower() != cause.lower() else cause,
         status=status,
         retryable=retryable,
-        cause=_cause(exc, status, timeout),
+        cause=cause,
         retry_after=_retry_after(exc),
+        context_exceeded=isinstance(exc, load().exceptions.ContextWindowExceededError),
     )
+
+
+#: The ``"message"`` of a provider's JSON error body, wherever litellm put the body in its text.
+_BODY_MESSAGE = re.compile(r'"message"\s*:\s*"((?:[^"\\]|\\.)*)"')
+#: What litellm wraps a provider's text in: its exception's name, the provider's, its advice.
+_LITELLM_WRAPPING = re.compile(
+    r"^(?:(?:litellm\.)?\w*(?:Error|Exception)\s*[:-]\s*)+"
+    r"|\.?\s*Handle with `litellm\.\w+`\.?|\s*LiteLLM Retried:.*$|Received Model Group=.*$",
+)
+#: The most of a provider's message a failure line carries.
+_MESSAGE_CHARS = 300
+
+
+def _provider_message(exc: BaseException) -> str:
+    """The provider's own words for a failure, on one line: the ``message`` of its JSON error
+    body when there is one, else litellm's text without its wrapping; "" when it said nothing."""
+    text = str(getattr(exc, "message", None) or exc)
+    if found := _BODY_MESSAGE.search(text):
+        try:
+            said = str(json.loads(f'"{found.group(1)}"'))
+        except ValueError:
+            said = found.group(1)
+    else:
+        said = text
+        said = _LITELLM_WRAPPING.sub("", said.strip())
+    said = " ".join(said.split())
+    return said if len(said) <= _MESSAGE_CHARS else said[: _MESSAGE_CHARS - 1] + "…"
 
 
 def _retryable_types() -> tuple[type[BaseException], ...]:
@@ -477,11 +582,19 @@ def _cause(exc: BaseException, status: int | None, timeout: float) -> str:
 def _retry_after(exc: BaseException) -> float | None:
     """The wait the provider asked for, in seconds: ``retry-after-ms`` or ``Retry-After``
     (seconds or an HTTP date); ``None`` when it sent neither."""
-    headers = getattr(getattr(exc, "response", None), "headers", None)
-    if headers is None:
-        headers = getattr(exc, "litellm_response_headers", None)
-    if headers is None:
-        return None
+    # litellm leaves the provider's headers off its exception's response (that one is its own,
+    # with none) and keeps them in ``litellm_response_headers``: both are looked at.
+    for headers in (
+        getattr(getattr(exc, "response", None), "headers", None),
+        getattr(exc, "litellm_response_headers", None),
+    ):
+        if headers and (wait := _wait_in(headers)) is not None:
+            return wait
+    return None
+
+
+def _wait_in(headers: Any) -> float | None:
+    """The wait ``headers`` ask for: ``retry-after-ms`` or ``Retry-After``; ``None``: none."""
     try:
         if (ms := headers.get("retry-after-ms")) is not None:
             return max(float(ms) / 1000, 0.0)
@@ -507,8 +620,11 @@ def _status(exc: BaseException) -> int | None:
             link, openai.APITimeoutError
         ):
             return None
-    status = getattr(exc, "status_code", None)
-    return status if isinstance(status, int) else None
+    # litellm reports Anthropic's 529 "overloaded" as a 500 and keeps the real one apart.
+    for status in (getattr(exc, "provider_status_code", None), getattr(exc, "status_code", None)):
+        if isinstance(status, int) and not isinstance(status, bool):
+            return status
+    return None
 
 
 # --- model limits -------------------------------------------------------------------------------

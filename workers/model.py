@@ -126,12 +126,16 @@ class ModelError(OngridError):
         retryable: bool,
         cause: str = "",
         retry_after: float | None = None,
+        context_exceeded: bool = False,
     ):
         self.model, self.status, self.retryable = model, status, retryable
         self.detail = message
         self.cause = cause or (status_cause(status) if status else message[:80])
         self.retry_after = retry_after
-        super().__init__(f"model {model}: {message}" + (f" (status {status})" if status else ""))
+        #: The provider refused the request as longer than the model's context window.
+        self.context_exceeded = context_exceeded
+        named = status is None or message.startswith(str(status))
+        super().__init__(f"model {model}: {message}" + ("" if named else f" (status {status})"))
 
 
 class RetryAbandoned(ModelError):

@@ -391,6 +391,30 @@ def test_http_errors_become_model_errors(
     assert len(error_server.hits) == 1  # the SDK's own retries are off by default
 
 
+def test_a_failure_is_one_line_with_the_providers_own_message(
+    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer
+) -> None:
+    point_at(monkeypatch, error_server.url)
+    error_server.status = 503
+    error = fail(LitellmModel())
+    assert str(error) == f"model {MODEL}: 503 service unavailable: upstream exploded"
+
+
+def test_the_reply_limit_and_the_cache_key_reach_openai(fake: FakeOpenAI) -> None:
+    plain = ask("hello")
+    run(LitellmModel(), plain)
+    keyed = ModelRequest(
+        model=MODEL, messages=plain.messages, max_tokens=321, cache_key="spawn-1", stable=2
+    )
+    run(LitellmModel(), keyed)
+    first, second = fake.requests()
+    assert "max_tokens" not in first and "prompt_cache_key" not in first
+    assert second["max_tokens"] == 321
+    assert second["prompt_cache_key"] == "spawn-1"
+    # OpenAI caches on its own: no Anthropic breakpoint reaches it.
+    assert "cache_control" not in json.dumps(second)
+
+
 def test_the_sdk_retries_only_when_asked(
     monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer
 ) -> None:
