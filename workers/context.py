@@ -238,15 +238,26 @@ def calibrated(chars: int, messages: int, tokens: int) -> float:
 
 
 _EXCEEDED = re.compile(r"(\d[\d,]*)\s*tokens?\s*>\s*(\d[\d,]*)", re.IGNORECASE)
+#: OpenAI's: "maximum context length is 128000 tokens. However, your messages resulted in
+#: 130532 tokens".
+_EXCEEDED_OPENAI = re.compile(
+    r"maximum context length is (\d[\d,]*) tokens.*?resulted in (\d[\d,]*) tokens",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def exceeded_figures(message: str) -> tuple[int, int] | None:
-    """``(tokens, maximum)`` from a provider's "prompt is too long: 60396 tokens > 60000
-    maximum"; ``None`` when the message names no such figures."""
-    match = _EXCEEDED.search(message)
-    if match is None:
-        return None
-    return int(match.group(1).replace(",", "")), int(match.group(2).replace(",", ""))
+    """``(tokens, maximum)`` from a provider's refusal as too long (Anthropic's "prompt is too
+    long: 60396 tokens > 60000 maximum", OpenAI's "maximum context length is…"); ``None`` when
+    the message names no such figures."""
+    def number(text: str) -> int:
+        return int(text.replace(",", ""))
+
+    if match := _EXCEEDED.search(message):
+        return number(match.group(1)), number(match.group(2))
+    if match := _EXCEEDED_OPENAI.search(message):
+        return number(match.group(2)), number(match.group(1))
+    return None
 
 
 # -- stored results and their previews ---------------------------------------------------------

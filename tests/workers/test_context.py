@@ -329,4 +329,9 @@ def test_preview_and_figures() -> None:
         60_396,
         60_000,
     )
+    openai = (
+        "This model's maximum context length is 128000 tokens. However, your messages "
+        "resulted in 130532 tokens. Please reduce the length of the messages."
+    )
+    assert ctx.exceeded_figures(openai) == (130_532, 128_000)
     assert ctx.exceeded_figures("bad request") is None
