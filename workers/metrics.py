@@ -89,7 +89,9 @@ MODEL_ERRORS = Counter(
 )
 TOKENS = Counter(
     "ongrid_tokens",
-    "Tokens of answered model calls, by model, persona and kind (prompt or completion).",
+    "Tokens of answered model calls, by model, persona and kind: prompt (all input, cached "
+    "or not), completion, cache_write and cache_read (the parts of prompt the provider's "
+    "prompt cache wrote and read).",
     ["model", "persona", "kind"],
 )
 COST_USD = Counter(
@@ -165,6 +167,10 @@ def model_call(
             _tokens(model, persona, "prompt").inc(usage.prompt_tokens)
         if usage.completion_tokens:
             _tokens(model, persona, "completion").inc(usage.completion_tokens)
+        if usage.cache_write_tokens:
+            _tokens(model, persona, "cache_write").inc(usage.cache_write_tokens)
+        if usage.cache_read_tokens:
+            _tokens(model, persona, "cache_read").inc(usage.cache_read_tokens)
         if usage.cost > 0:
             _cost(model, persona).inc(usage.cost)
 

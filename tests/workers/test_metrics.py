@@ -90,13 +90,23 @@ def test_a_model_call_counts_its_tokens_and_cost_or_its_error():
     prompt = Delta("ongrid_tokens_total", model=model, persona="probe", kind="prompt")
     completion = Delta("ongrid_tokens_total", model=model, persona="probe", kind="completion")
     cost = Delta("ongrid_cost_usd_total", model=model, persona="probe")
+    written = Delta("ongrid_tokens_total", model=model, persona="probe", kind="cache_write")
+    read = Delta("ongrid_tokens_total", model=model, persona="probe", kind="cache_read")
     errors = Delta("ongrid_model_errors_total", model=model, cause="rate-limit")
 
-    usage = Usage(prompt_tokens=120, completion_tokens=30, total_tokens=150, cost=0.004)
+    usage = Usage(
+        prompt_tokens=120,
+        completion_tokens=30,
+        total_tokens=150,
+        cost=0.004,
+        cache_write_tokens=20,
+        cache_read_tokens=90,
+    )
     metrics.model_call(model, "probe", 0.8, usage, None)
     metrics.model_call(model, "probe", 0.1, None, "rate-limit")
 
     assert (prompt(), completion(), errors()) == (120, 30, 1)
+    assert (written(), read()) == (20, 90)
     assert cost() == pytest.approx(0.004)
 
 
