@@ -250,6 +250,7 @@ def exceeded_figures(message: str) -> tuple[int, int] | None:
     """``(tokens, maximum)`` from a provider's refusal as too long (Anthropic's "prompt is too
     long: 60396 tokens > 60000 maximum", OpenAI's "maximum context length is…"); ``None`` when
     the message names no such figures."""
+
     def number(text: str) -> int:
         return int(text.replace(",", ""))
 
