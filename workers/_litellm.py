@@ -506,8 +506,7 @@ def _provider_message(exc: BaseException) -> str:
         except ValueError:
             said = found.group(1)
     else:
-        said = text
-        said = _LITELLM_WRAPPING.sub("", said.strip())
+        said = _LITELLM_WRAPPING.sub("", text.strip())
     said = " ".join(said.split())
     return said if len(said) <= _MESSAGE_CHARS else said[: _MESSAGE_CHARS - 1] + "…"
 
