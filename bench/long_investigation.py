@@ -1,4 +1,4 @@
-"""A long investigation, managed against naive: input tokens sent, peak request, compactions.
+"""A long investigation, managed against naive: input tokens billed, peak request, compactions.
 
     .venv/bin/python bench/long_investigation.py [--turns 10,30,60] [--window 60000]
                                                  [--json FILE]
@@ -6,18 +6,17 @@
 The same investigation at each length: a persona pages through a log with ``read_repo``, one
 window of about 16 KB a turn, noting what it finds, then answers
 (:mod:`workers.testing.investigator`). It runs through the runtime's own loop and litellm's real
-OpenAI adapter against the fake OpenAI server (:mod:`workers.testing.fake_openai`). Two ways:
+Anthropic adapter against the fake Messages API (:mod:`workers.testing.fake_anthropic`), which
+refuses what Anthropic refuses and caches prompt prefixes as Anthropic does. Two ways:
 
 - **managed**: the runtime as it ships (:mod:`workers.context`: results stored and shrunk to
-  previews, compaction, an output limit), in a ``--window`` window;
-- **naive**: the same loop resending everything with no output limit (its peak request shows the
-  window it would need).
+  previews, compaction, an output limit, cache breakpoints), in a ``--window`` window;
+- **naive**: the same loop resending everything, with no breakpoints and no output limit, in a
+  window large enough for it (its peak request shows the window it would need).
 
-Input tokens are counted from each request body the server received, at 4 characters a token
-(the runtime's own default estimate), so both ways are counted alike. No prompt cache is
-simulated: the fake OpenAI server reports none, so the figures are input tokens *sent*; cached
-pricing would lower the managed figure further. Wall time is this machine's, fake model
-included; nothing is asserted.
+Tokens are the server's counts (four characters of each block's JSON a token). *Billed* input
+is priced as Anthropic prices it: uncached input at 1, cache writes at 1.25, cache reads at 0.1.
+Wall time is this machine's, fake model included; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -40,19 +38,21 @@ from registry.persona import PermissionMode, Persona  # noqa: E402
 from registry.policy import resolve_bag  # noqa: E402
 from registry.settings import Settings  # noqa: E402
 from registry.tools import ToolContext  # noqa: E402
-from workers._litellm import LitellmModel, _openai_message, _openai_tool  # noqa: E402
+from workers._litellm import LitellmModel  # noqa: E402
 from workers.context import ContextPolicy, MemoryResults, Window  # noqa: E402
 from workers.loop import LoopSetup, LoopState, run_loop  # noqa: E402
 from workers.messages import ContextCompacted, Message  # noqa: E402
-from workers.model import Model, ModelReply, ModelRequest  # noqa: E402
-from workers.testing.fake_openai import FakeOpenAI  # noqa: E402
+from workers.model import Model, ModelRequest  # noqa: E402
+from workers.testing.fake_anthropic import FakeAnthropic, Usage  # noqa: E402
 from workers.testing.investigator import investigator, log_file  # noqa: E402
 from workers.tools import default_catalog  # noqa: E402
 
-MODEL = "openai/gpt-4o-mini"
+MODEL = "anthropic/claude-sonnet-4-5"
 CULPRIT = 7
-#: Characters a token, as the runtime's default estimate counts them.
-CHARS_PER_TOKEN = 4
+#: What Anthropic bills a cache write and a cache read, against an uncached input token.
+WRITE_PRICE, READ_PRICE = 1.25, 0.1
+#: The naive loop's window: as large as it needs.
+UNBOUNDED = 10_000_000
 SYSTEM = (
     "You are an incident investigator for the SRE team. Read the evidence before you conclude; "
     "cite the exact tool call and line for every finding; say what you ruled out. "
@@ -66,6 +66,10 @@ class Figures:
     finished: bool
     found: bool
     sent: int
+    billed: float
+    cache_written: int
+    cache_read: int
+    refused: int
     peak_request: int
     window: int
     compactions: int
@@ -83,32 +87,13 @@ class Naive:
         return self.inner.stream(replace(request, stable=0, cache_key="", max_tokens=None))
 
 
-class Counted:
-    """The model with each reply's ``prompt_tokens`` counted as :func:`tokens` counts the request.
-
-    The fake OpenAI server counts words, about half what a tokenizer counts on log lines; the
-    runtime calibrates its estimate from the provider's figures, so with the fake's count it
-    would let requests grow to twice the window this benchmark measures against.
-    """
-
-    def __init__(self, inner: Model) -> None:
-        self.inner = inner
-
-    async def stream(self, request: ModelRequest) -> AsyncIterator[str | ModelReply]:
-        body = {
-            "messages": [_openai_message(m) for m in request.messages],
-            "tools": [_openai_tool(t) for t in request.tools] or None,
-        }
-        async for item in self.inner.stream(request):
-            if isinstance(item, ModelReply):
-                usage = item.usage.model_copy(update={"prompt_tokens": tokens(body)})
-                item = replace(item, usage=usage)
-            yield item
-
-
-def tokens(body: dict[str, Any]) -> int:
-    """A request's input tokens: its messages and tools at :data:`CHARS_PER_TOKEN`."""
-    return len(json.dumps([body["messages"], body.get("tools")])) // CHARS_PER_TOKEN
+def billed(usage: Usage) -> float:
+    """A request's input as Anthropic bills it, in uncached-token equivalents."""
+    return (
+        usage.input_tokens
+        + WRITE_PRICE * usage.cache_creation_input_tokens
+        + READ_PRICE * usage.cache_read_input_tokens
+    )
 
 
 def run(turns: int, window: int, managed: bool, repo: Path) -> Figures:
@@ -124,9 +109,11 @@ def run(turns: int, window: int, managed: bool, repo: Path) -> Figures:
     )
     bag = resolve_bag(persona, default_catalog(), ["*"])
     events: list[Any] = []
-    with FakeOpenAI(policy=investigator(turns)) as fake:
-        base: Model = LitellmModel(api_base=fake.base_url, api_key="sk-bench")
-        model = Counted(base if managed else Naive(base))
+    with FakeAnthropic(
+        policy=investigator(turns), context_window=window if managed else UNBOUNDED
+    ) as fake:
+        base: Model = LitellmModel(api_base=fake.base_url, api_key="sk-ant-bench")
+        model = base if managed else Naive(base)
         policy = ContextPolicy(
             window=Window(window, 64_000), store=MemoryResults(), reply_tokens=4096
         )
@@ -155,15 +142,21 @@ def run(turns: int, window: int, managed: bool, repo: Path) -> Figures:
         started = time.perf_counter()
         outcome = asyncio.run(run_loop(setup, state, model, lambda e, _i: events.append(e), save))
         seconds = time.perf_counter() - started
-        sizes = [tokens(body) for body in fake.requests()]
+        usages = fake.usages()
+        refused = len(fake.rejections())
+    sizes = [u.prompt_tokens for u in usages]
     return Figures(
         way="managed" if managed else "naive",
         turns=turns,
         finished=outcome.kind == "final",
         found="ENOSPC" in outcome.text,
         sent=sum(sizes),
+        billed=sum(billed(u) for u in usages),
+        cache_written=sum(u.cache_creation_input_tokens for u in usages),
+        cache_read=sum(u.cache_read_input_tokens for u in usages),
+        refused=refused,
         peak_request=max(sizes),
-        window=window,
+        window=window if managed else UNBOUNDED,
         compactions=sum(isinstance(e, ContextCompacted) for e in events),
         model_calls=state.usage.model_calls,
         seconds=seconds,
@@ -178,8 +171,9 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[Figures] = []
     print(
-        f"{'turns':>5} {'way':>8} {'done':>5} {'found':>5} {'input sent':>11} "
-        f"{'peak req':>9} {'window':>7} {'compact':>7} {'calls':>5} {'wall s':>7}"
+        f"{'turns':>5} {'way':>8} {'done':>5} {'found':>5} {'input sent':>11} {'billed':>11} "
+        f"{'written':>9} {'read':>9} {'refused':>7} {'peak req':>9} {'window':>10} "
+        f"{'compact':>7} {'calls':>5} {'wall s':>7}"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for turns in [int(t) for t in args.turns.split(",")]:
@@ -191,13 +185,15 @@ def main() -> None:
                 rows.append(f)
                 print(
                     f"{f.turns:>5} {f.way:>8} {str(f.finished):>5} {str(f.found):>5} "
-                    f"{f.sent:>11,} {f.peak_request:>9,} {f.window:>7,} {f.compactions:>7} "
+                    f"{f.sent:>11,} {f.billed:>11,.0f} {f.cache_written:>9,} {f.cache_read:>9,} "
+                    f"{f.refused:>7} {f.peak_request:>9,} {f.window:>10,} {f.compactions:>7} "
                     f"{f.model_calls:>5} {f.seconds:>7.1f}"
                 )
             naive, managed = pair
             print(
-                f"{turns:>5}   managed ÷ naive input sent: {managed.sent / naive.sent:.3f}; "
-                f"peak request {managed.peak_request / args.window:.0%} of the window (naive "
+                f"{turns:>5}   managed ÷ naive: billed {managed.billed / naive.billed:.3f}, "
+                f"sent {managed.sent / naive.sent:.3f}; peak request "
+                f"{managed.peak_request / args.window:.0%} of the {args.window:,} window (naive "
                 f"{naive.peak_request / args.window:.0%})"
             )
     if args.json:

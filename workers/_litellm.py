@@ -203,21 +203,28 @@ def _caching(request: ModelRequest) -> dict[str, Any]:
 
 
 def _mark_breakpoints(request: ModelRequest, arguments: dict[str, Any]) -> None:
-    """Put Anthropic's cache breakpoints (four at most) on the prefix every turn sends again.
+    """Put Anthropic's cache breakpoints (four at most) on the prefix later turns send again.
 
-    Anthropic caches in the order tools → system → messages, so the marks go on the last tool,
-    the system prompt, the persona's opening message (which compaction keeps, so its prefix is
-    read back even after older turns were replaced) and the last message of the stable prefix
-    (``request.stable``); the turn's reminder comes after it and never breaks the prefix. A
-    mark on a message litellm turns into one on its last block.
+    Anthropic caches in the order tools → system → messages, so a mark on the system prompt
+    caches the tools with it (the last tool is marked only where there is no system prompt).
+    The other marks go on the persona's opening message (which compaction keeps, so its prefix
+    is read back even after older turns were replaced), the last message before the results a
+    shrink may change next (``request.settled``) and the last message of the stable prefix
+    (``request.stable``); the turn's reminder comes after them and never breaks the prefix.
     """
     if not request.stable or not _breakpoint_caching(request.model):
         return
     messages: list[dict[str, Any]] = arguments["messages"]
-    marked = {i for i in (0, _first_user(messages), request.stable - 1) if 0 <= i < len(messages)}
+    has_system = bool(messages) and messages[0]["role"] == "system"
+    wanted = (0, _first_user(messages), request.settled - 1, request.stable - 1)
+    marked = {i for i in wanted if 0 <= i < len(messages)}
     for index in marked:
-        messages[index]["cache_control"] = _EPHEMERAL
-    if arguments["tools"]:
+        message = messages[index]
+        # litellm carries an assistant message's mark to its text only; a mark on its last
+        # tool call lands on the last block, where it belongs.
+        calls = message.get("tool_calls") if message["role"] == "assistant" else None
+        (calls[-1] if calls else message)["cache_control"] = _EPHEMERAL
+    if arguments["tools"] and not has_system:
         arguments["tools"][-1]["cache_control"] = _EPHEMERAL
 
 

@@ -341,6 +341,16 @@ def recent_start(messages: Sequence[Message], keep_turns: int) -> int:
     return starts[-keep_turns] if len(starts) >= keep_turns else starts[0]
 
 
+def first_shrinkable(messages: Sequence[Message], stored: dict[str, StoredResult]) -> int:
+    """The index of the first message a shrink could still change (a stored result not yet
+    shrunk); 0 when there is none."""
+    for i, message in enumerate(messages):
+        entry = stored.get(message.tool_call_id or "") if message.role == "tool" else None
+        if entry is not None and not entry.shrunk:
+            return i
+    return 0
+
+
 def shrink(
     messages: list[Message],
     stored: dict[str, StoredResult],

@@ -244,6 +244,7 @@ async def ask_model(
         cache_key=setup.spawn_id,
         # Everything before the reminder is sent again, unchanged, by the next call.
         stable=len(history),
+        settled=ctx.first_shrinkable(history, state.stored) if policy is not None else 0,
     )
     reply: ModelReply | None = None
     async for item in model.stream(request):

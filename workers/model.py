@@ -75,6 +75,10 @@ class ModelRequest:
     """How many of ``messages``, from the first, the next call of this conversation sends again
     unchanged (all but the per-turn reminder and what follows it): where a provider's cache
     breakpoint may go. 0: no caching asked for."""
+    settled: int = 0
+    """How many of ``messages``, from the first, stay unchanged even when the runtime shrinks
+    older tool results before the next call (:mod:`workers.context`): a second breakpoint, so
+    that a shrink re-reads the cache up to it instead of missing it whole. 0: none."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from registry.persona import PermissionMode, Persona
 from registry.policy import ToolBag, resolve_bag
 from registry.tools import ToolCatalog, ToolClass, ToolContext, function_tool
 from workers import context as ctx
-from workers.context import ContextExhausted, ContextPolicy, MemoryResults, Window
+from workers.context import ContextExhausted, ContextPolicy, MemoryResults, StoredResult, Window
 from workers.loop import LoopSetup, LoopState, Outcome, run_loop
 from workers.messages import (
     ContextCompacted,
@@ -335,3 +335,20 @@ def test_preview_and_figures() -> None:
     )
     assert ctx.exceeded_figures(openai) == (130_532, 128_000)
     assert ctx.exceeded_figures("bad request") is None
+
+
+def test_the_first_shrinkable_message_is_the_first_stored_result_not_yet_shrunk() -> None:
+    messages = [
+        Message(role="system", content="s"),
+        Message(role="user", content="u"),
+        Message(role="assistant", content=""),
+        Message(role="tool", content="small", tool_call_id="a"),
+        Message(role="assistant", content=""),
+        Message(role="tool", content="big", tool_call_id="b"),
+        Message(role="assistant", content=""),
+        Message(role="tool", content="big", tool_call_id="c"),
+    ]
+    stored = {"b": StoredResult(chars=9, lines=1, shrunk=True), "c": StoredResult(chars=9, lines=1)}
+    assert ctx.first_shrinkable(messages, stored) == 7
+    stored["c"].shrunk = True
+    assert ctx.first_shrinkable(messages, stored) == 0

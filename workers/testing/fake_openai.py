@@ -55,7 +55,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import uvicorn
 import yaml
@@ -541,13 +541,56 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class FakeOpenAI:
+class _InThread:
+    """A fake's app served by uvicorn in a daemon thread on a free port of 127.0.0.1."""
+
+    name = "fake-server"
+
+    def __init__(self, app: Starlette) -> None:
+        self._server = _Server(app, log_config=None)  # leave the test's logging alone
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    def post(self, path: str, body: Any) -> Any:
+        """POST ``body`` as JSON to one of the fake's own endpoints; its JSON answer."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def __enter__(self) -> Self:
+        sock = _bind("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name=self.name, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                sock.close()
+                raise RuntimeError(f"{self.name} server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+class FakeOpenAI(_InThread):
     """The fake server in a background thread on a free port, for in-process tests::
 
     with FakeOpenAI([{"match": "hi", "reply": {"content": "hello"}}]) as fake:
         litellm.completion(model="openai/fake", api_base=fake.base_url, api_key="sk-test", ...)
         assert fake.requests()[0]["messages"][-1]["content"] == "hi"
     """
+
+    name = "fake-openai"
 
     def __init__(
         self,
@@ -558,12 +601,10 @@ class FakeOpenAI:
         policy: Policy | None = None,
     ) -> None:
         self.app = create_app(script_path, delay, policy)
+        super().__init__(self.app)
         self._service: _Service = self.app.state.service
         if rules:
             self.set_script(rules)
-        self._server = _Server(self.app, log_config=None)  # leave the test's logging alone
-        self._thread: threading.Thread | None = None
-        self.port = 0
 
     @property
     def base_url(self) -> str:
@@ -588,33 +629,7 @@ class FakeOpenAI:
 
     def release(self, hold: str) -> None:
         """Let the requests held by rules with ``hold`` answer (and later ones pass at once)."""
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/_release",
-            data=json.dumps({"hold": hold}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            response.read()
-
-    def __enter__(self) -> FakeOpenAI:
-        sock = _bind("127.0.0.1", 0)
-        self.port = sock.getsockname()[1]
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name="fake-openai", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                sock.close()
-                raise RuntimeError("fake-openai server did not start")
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        self.post("/_release", {"hold": hold})
 
 
 def start_subprocess(
