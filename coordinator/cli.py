@@ -269,7 +269,7 @@ def _lint_summary(findings: list[Any], skipped_config: bool) -> str:
     from registry.settings import env_var_of
 
     if not findings:
-        return "no findings" + (" (missing_config left out)" if skipped_config else "")
+        return "no findings" + (" (missing_config and model left out)" if skipped_config else "")
     personas = {f.persona for f in findings if f.persona}
     text = f"{len(findings)} finding(s) in {len(personas)} persona(s)"
     loads = sum(f.kind is FindingKind.LOAD for f in findings)
@@ -287,6 +287,24 @@ def _lint_summary(findings: list[Any], skipped_config: bool) -> str:
     return text
 
 
+def _model_problems(snapshot: Any, settings: Settings) -> dict[str, str]:
+    """Why each persona's model cannot be used on this host (its keys, its provider)."""
+    from workers._litellm import readiness
+    from workers.model import resolve_model
+
+    problems = {}
+    for name in snapshot.names():
+        choice = resolve_model(
+            snapshot.personas[name].model,
+            default_model=settings.default_model,
+            default_provider=settings.default_provider,
+            readiness=readiness,
+        )
+        if choice.problem:
+            problems[name] = choice.problem
+    return problems
+
+
 @agents.command()
 @click.option("--role", default=None, help="Lint the bags of this role only (default: every role).")
 @click.option(
@@ -298,15 +316,16 @@ def _lint_summary(findings: list[Any], skipped_config: bool) -> str:
 @click.option(
     "--skip-config",
     is_flag=True,
-    help="Leave out missing_config, the findings that come from settings unset on this host "
-    "(e.g. when checking persona files in CI).",
+    help="Leave out missing_config and model, the findings that come from settings and keys "
+    "unset on this host (e.g. when checking persona files in CI).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def lint(role: str | None, agents_dir: Path | None, skip_config: bool, as_json: bool) -> None:
     """Lint the personas as the runtime loads them: whitelisted tools that do not exist,
     patterns that match nothing, tools a persona's own mode or blacklist keeps out, bags left
     empty, catalog lines (first line of when_to_use) that collide, and settings the tools of a
-    bag need but that are unset here. Files that did not load are findings too.
+    bag need but that are unset here, and models that cannot be used here (unknown provider,
+    key unset). Files that did not load are findings too.
 
     Exit 1 when there is any finding, 0 when there is none, 2 on a usage error or when the
     lint could not run.
@@ -329,7 +348,8 @@ def lint(role: str | None, agents_dir: Path | None, skip_config: bool, as_json: 
         settings = settings.model_copy(update={"agents_dir": agents_dir})
     snapshot = _current_snapshot(settings)
     catalog = spawn_catalog(catalog, snapshot.bundle)
-    findings = lint_personas(snapshot, catalog, settings, role)
+    problems = {} if skip_config else _model_problems(snapshot, settings)
+    findings = lint_personas(snapshot, catalog, settings, role, model_problems=problems)
     if skip_config:
         findings = [f for f in findings if f.kind is not FindingKind.MISSING_CONFIG]
     if as_json:

@@ -52,6 +52,7 @@ from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
 from workers.consumers import live_consumers
 from workers.embedded_redis import EmbeddedRedis, redis_answers, redis_binary
+from workers.fleet import read_fleet
 from workers.model import DEMO_MODEL
 
 __all__ = ["DEMO_PROMPT", "UpError", "UpOptions", "run"]
@@ -123,7 +124,7 @@ def run(options: UpOptions, out: Console) -> int:
             embedded = _start_redis(plan, out)
             children = _start_children(plan, options)
             _wait_ready(children, options, plan.redis_url)
-            _print_model(plan.settings, out)
+            _print_model(plan.settings, plan.redis_url, out)
             if options.demo:
                 _demo_spawn(plan, children, out)
             _print_access(plan, options, out)
@@ -508,11 +509,48 @@ def _local_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-def _print_model(settings: Settings, out: Console) -> None:
-    if not (settings.default_model or settings.default_provider):
+#: Seconds ``ongrid up`` waits for the first worker's fleet report (sent as it starts).
+REPORT_WAIT = 10.0
+#: Agents whose model problem ``ongrid up`` prints; the rest are counted.
+SHOWN_PROBLEMS = 5
+
+
+def _print_model(settings: Settings, redis_url: str, out: Console) -> None:
+    """The organisation's model, and the agents whose model the workers cannot use (as the
+    workers themselves reported it: the keys they lack, the provider they cannot route)."""
+    if settings.default_model:
+        out.print(Text(f"Model: {settings.default_model} (ONGRID_DEFAULT_MODEL)"))
+    elif not settings.default_provider:
         out.print(
-            f"Model: {DEMO_MODEL} — the offline demo model (deterministic, not an LLM). "
-            "Set ONGRID_DEFAULT_MODEL (and the provider's key) for a real model."
+            f"Model: {DEMO_MODEL} — the offline demo model (deterministic, not an LLM), for the "
+            "agents that name no model. Set ONGRID_DEFAULT_MODEL (and the provider's key) for a "
+            "real model."
+        )
+    client = redis.Redis.from_url(
+        redis_url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
+    )
+    try:
+        # The workers report right after they advertise their queues: at most a moment apart.
+        deadline = time.monotonic() + REPORT_WAIT
+        while not (reports := read_fleet(client)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        problems = {n: p for r in reports for n, p in r.model_problems.items()}
+    except redis.RedisError as exc:
+        out.print(Text(f"Models: not checked: cannot read the workers' reports: {exc}"))
+        return
+    finally:
+        client.close()
+    if not problems:
+        return
+    out.print(
+        Text(f"Models: {len(problems)} agent(s) cannot run until this is fixed (a spawn fails):")
+    )
+    for name in sorted(problems)[:SHOWN_PROBLEMS]:
+        out.print(Text(f"  {name}: {problems[name]}"))
+    if len(problems) > SHOWN_PROBLEMS:
+        out.print(
+            f"  and {len(problems) - SHOWN_PROBLEMS} more: `ongrid agents lint` or "
+            "GET /api/v1/agents/warnings lists them all"
         )
 
 

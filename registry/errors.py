@@ -93,6 +93,10 @@ class PersonaUnavailable(RunError):
     """The persona of a spawn is not available on this worker (its gates fail here)."""
 
 
+class ModelUnusable(RunError):
+    """The model a persona would run on cannot be used here (unknown provider, keys unset)."""
+
+
 class LeaseLost(RunError):
     """This worker no longer holds the spawn: another attempt owns it now."""
 

@@ -5,9 +5,10 @@ from the bag without a word (SPEC §4), a read-only persona cannot run the write
 :func:`lint` finds such problems; each :class:`Finding` names the persona (or the file that did not
 load), its kind, what is wrong and what to do about it.
 
-Every kind but ``missing_config`` depends only on the personas and the tool catalog;
-``missing_config`` depends on the settings of the host that lints (a tool whose backend URL is
-unset answers "not configured" there, and may be configured on the workers).
+Every kind but ``missing_config`` and ``model`` depends only on the personas and the tool
+catalog; those two depend on the host where they are checked (a tool whose backend URL is unset
+answers "not configured" there, and may be configured on the workers; a provider's key may be
+set on one host and not another): the API takes ``model`` from the workers' own reports.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class FindingKind(StrEnum):
     WHEN_TO_USE_COLLISION = "when_to_use_collision"
     #: A tool in the bag whose required setting is unset here.
     MISSING_CONFIG = "missing_config"
+    #: A model that cannot be used where it was checked (unknown provider, key unset).
+    MODEL = "model"
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,19 @@ class Finding:
 
 
 def lint(
-    snapshot: Snapshot, catalog: ToolCatalog, settings: Settings, role: str | None = None
+    snapshot: Snapshot,
+    catalog: ToolCatalog,
+    settings: Settings,
+    role: str | None = None,
+    *,
+    model_problems: Mapping[str, str] | None = None,
 ) -> list[Finding]:
     """Every finding of ``snapshot``: load problems first, then each persona's, by name.
 
     Bags are computed for ``role``, or for every role of ``settings`` when it is ``None``: a bag
     is then empty only when it is empty for all of them, and a setting is missing when a tool of
-    any of them needs it.
+    any of them needs it. ``model_problems`` (persona → why its model cannot be used, from
+    :func:`workers.model.resolve_model` where the check ran) become ``model`` findings.
     """
     if role is not None and role not in settings.roles:
         raise NotFoundError("role", role, list(settings.roles))
@@ -107,6 +116,7 @@ def lint(
             *_no_tools(persona, catalog, settings, bags),
             *collisions.get(persona.name, ()),
             *_missing_config(bags.values(), settings),
+            *_model(persona, (model_problems or {}).get(persona.name, "")),
         ]
         source, path = _where(persona)
         findings.extend(
@@ -127,6 +137,12 @@ def _where(persona: Persona) -> tuple[str, str]:
     if persona.source is Source.USER:
         return source, f"database:agents/{persona.name}"
     return source, f"{source}:{persona.name}" if source else persona.name
+
+
+def _model(persona: Persona, problem: str) -> Iterator[_Problem]:
+    if problem:
+        hint = "a spawn of it fails with this sentence until then"
+        yield FindingKind.MODEL, persona.model or "(organisation default)", problem, hint
 
 
 # -- tool names ------------------------------------------------------------------------------------

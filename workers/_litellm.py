@@ -30,7 +30,7 @@ from typing import Any
 
 from workers.hardening import ProviderCredentials
 from workers.messages import Message, ToolCall, Usage
-from workers.model import ModelError, ModelReply, ModelRequest, ToolSpec, status_cause
+from workers.model import ModelError, ModelReply, ModelRequest, Readiness, ToolSpec, status_cause
 
 __all__ = ["LitellmModel", "has_credentials", "load"]
 
@@ -157,22 +157,37 @@ def _provider(model_id: str) -> str | None:
         return None
 
 
-def has_credentials(model_id: str, credentials: ProviderCredentials | None = None) -> bool:
-    """Whether litellm knows ``model_id``'s provider and its credentials are configured, in
-    ``credentials`` or in the environment.
+#: Keys of providers litellm's ``validate_environment`` reports nothing for although their calls
+#: fail without them.
+_UNREPORTED_KEYS = {"zai": "ZAI_API_KEY"}
+#: Providers that run on this machine by default: litellm asks for their URL, but has one.
+_LOCAL_BY_DEFAULT = frozenset({"ollama", "ollama_chat"})
 
-    litellm answers "keys present" for providers it does not know, so the provider is looked up
-    first (``provider/model``, or a bare name litellm maps, such as ``gpt-4o-mini``).
-    """
+
+def readiness(model_id: str, credentials: ProviderCredentials | None = None) -> Readiness:
+    """Whether litellm can route ``model_id`` (``provider/model``, or a bare name it maps,
+    such as ``gpt-4o-mini``) and which variables its provider still needs, read from
+    ``credentials`` and the environment."""
     provider = _provider(model_id)
     if provider is None:
-        return False
+        return Readiness(None)
     if credentials is not None and credentials.for_provider(provider):
-        return True
+        return Readiness(provider)
     try:
-        return bool(load().validate_environment(model=model_id)["keys_in_environment"])
-    except Exception:  # noqa: BLE001 - an unknown provider is simply "not configured"
-        return False
+        missing = list(load().validate_environment(model=model_id)["missing_keys"])
+    except Exception:  # noqa: BLE001 - litellm raises for ids it cannot parse
+        return Readiness(None)
+    unreported = _UNREPORTED_KEYS.get(provider)
+    if unreported and not os.environ.get(unreported):
+        missing.append(unreported)
+    if provider in _LOCAL_BY_DEFAULT:
+        missing = [m for m in missing if not m.endswith("_API_BASE")]
+    return Readiness(provider, tuple(dict.fromkeys(missing)))
+
+
+def has_credentials(model_id: str, credentials: ProviderCredentials | None = None) -> bool:
+    """Whether litellm knows ``model_id``'s provider and its credentials are configured."""
+    return readiness(model_id, credentials).usable
 
 
 # --- prompt caching ------------------------------------------------------------------------------

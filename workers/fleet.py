@@ -55,6 +55,8 @@ __all__ = [
     "WorkerAssessment",
     "assess_fleet",
     "loaded_registry",
+    "model_choices",
+    "model_view",
     "persona_differences",
     "persona_digest",
     "persona_digests",
@@ -157,6 +159,36 @@ class FleetReport(BaseModel):
     reported_at: float = Field(
         default=0.0, description="When it last reported (Redis server time, Unix seconds)."
     )
+    models: dict[str, str] = Field(
+        default_factory=dict, description="The model each persona runs on here, by name."
+    )
+    model_problems: dict[str, str] = Field(
+        default_factory=dict,
+        description="Why a persona's model cannot be used here (what to set), by name.",
+    )
+
+
+def model_choices(snapshot: Snapshot) -> tuple[dict[str, str], dict[str, str]]:
+    """The model each persona of ``snapshot`` runs on in this worker process, and the problem
+    of each one whose model cannot be used here (logged once as a warning)."""
+    from workers.runtime import worker_runtime
+
+    runtime = worker_runtime()
+    models, problems = {}, {}
+    for name in snapshot.names():
+        choice = runtime.model_choice(snapshot.personas[name])
+        models[name] = choice.model_id
+        if choice.problem:
+            problems[name] = choice.problem
+            if _warned.get(name) != choice.problem:
+                log.warning("agent %r: %s", name, choice.problem)
+    _warned.clear()
+    _warned.update(problems)
+    return models, problems
+
+
+#: The model problems last logged, by persona: each is logged when it appears, not every report.
+_warned: dict[str, str] = {}
 
 
 def runtime_report(member: str, queues: Callable[[], Iterable[str]]) -> Callable[[], FleetReport]:
@@ -168,6 +200,7 @@ def runtime_report(member: str, queues: Callable[[], Iterable[str]]) -> Callable
 
     def report() -> FleetReport:
         version, snapshot = loaded_registry(worker_runtime().follower)
+        models, problems = model_choices(snapshot)
         return FleetReport(
             member=member,
             host=host,
@@ -176,6 +209,8 @@ def runtime_report(member: str, queues: Callable[[], Iterable[str]]) -> Callable
             registry_version=version,
             persona_digest=snapshot.digest,
             personas=persona_digests(snapshot),
+            models=models,
+            model_problems=problems,
         )
 
     return report
@@ -312,6 +347,33 @@ def read_fleet_at(client: redis.Redis) -> tuple[float, list[FleetReport]]:
 def read_fleet(client: redis.Redis) -> list[FleetReport]:
     """The reports of the live members, by member."""
     return read_fleet_at(client)[1]
+
+
+@dataclass(frozen=True)
+class ModelView:
+    """A persona's model as the workers report it: ``model`` (the first report's), ``problem``
+    (each distinct one, naming the worker when not all of them report it), and how many of the
+    workers reported the persona at all (0: nobody has checked it)."""
+
+    model: str = ""
+    problem: str = ""
+    checked_by: int = 0
+
+
+def model_view(reports: Sequence[FleetReport], name: str) -> ModelView:
+    """What ``reports`` say of persona ``name``'s model."""
+    having = [r for r in reports if name in r.models]
+    if not having:
+        return ModelView()
+    problems: dict[str, list[str]] = defaultdict(list)
+    for report in having:
+        if problem := report.model_problems.get(name, ""):
+            problems[problem].append(report.member)
+    shown = [
+        problem if len(members) == len(having) else f"on {', '.join(members)}: {problem}"
+        for problem, members in problems.items()
+    ]
+    return ModelView(having[0].models[name], "; ".join(shown), len(having))
 
 
 # -- the assessment ----------------------------------------------------------------------------

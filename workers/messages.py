@@ -107,6 +107,10 @@ class AgentTile(_Envelope):
     missing_context: list[str] = Field(default_factory=list)
     #: The spawn that dispatched this one (the coordinator's); empty for a top-level spawn.
     parent_spawn_id: str = ""
+    #: The model the spawn runs on, as resolved (``ongrid/demo``: the offline demo model).
+    model: str = ""
+    #: Set when the model is the demo: it is no LLM, and what to configure for a real one.
+    model_note: str = ""
 
 
 class ToolCallEvent(_Envelope):

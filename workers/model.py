@@ -30,20 +30,29 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEMO_MODEL",
+    "DEMO_NOTE",
     "Model",
+    "PROVIDER_ALIASES",
+    "ModelChoice",
     "ModelError",
     "ModelReply",
     "ModelRequest",
     "RetryAbandoned",
     "RetryPolicy",
+    "Readiness",
     "RetryingModel",
     "ToolSpec",
-    "resolve_model_id",
+    "resolve_model",
     "status_cause",
 ]
 
 #: The model id of the offline demo model (deterministic, not an LLM).
 DEMO_MODEL = "ongrid/demo"
+#: What a tile of the demo model says about it.
+DEMO_NOTE = (
+    "the offline demo model (deterministic, not an LLM): no model is configured; set "
+    "ONGRID_DEFAULT_MODEL and its provider's key for a real one"
+)
 
 
 @dataclass(frozen=True)
@@ -295,28 +304,88 @@ async def stopped_within(stop: threading.Event, seconds: float) -> bool:
     return True
 
 
-def resolve_model_id(
+#: Provider prefixes people write that litellm knows under another name: the source documents'
+#: ``zhipu/glm-4.7`` is litellm's ``zai`` provider (Zhipu's GLM models).
+PROVIDER_ALIASES: dict[str, str] = {"zhipu": "zai", "zhipuai": "zai"}
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """What the model adapter knows of a model id: litellm's provider for it (``None``: none it
+    can route to) and the environment variables still to set before it can be called."""
+
+    provider: str | None
+    missing: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return self.provider is not None and not self.missing
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model a persona runs on: ``model_id``, or, when it cannot be used, ``problem``: one
+    sentence naming the model and what to set (``model_id`` is then what was asked for)."""
+
+    model_id: str
+    problem: str = ""
+
+    @property
+    def demo(self) -> bool:
+        return self.model_id == DEMO_MODEL
+
+
+def _aliased(model_id: str) -> str:
+    provider, slash, rest = model_id.partition("/")
+    alias = PROVIDER_ALIASES.get(provider.lower())
+    return f"{alias}/{rest}" if alias and slash and rest else model_id
+
+
+def resolve_model(
     persona_model: str,
     *,
     default_model: str,
     default_provider: str,
-    has_credentials: Callable[[str], bool],
-) -> str:
-    """Persona ``model`` → organisation default; a provider without credentials maps to
-    ``default_provider``; with neither, the offline demo model.
+    readiness: Callable[[str], Readiness],
+) -> ModelChoice:
+    """Persona ``model`` → organisation default; a provider alias (:data:`PROVIDER_ALIASES`)
+    is applied; a provider that cannot be used here (unknown to litellm, or its keys unset)
+    maps to ``default_provider``; what still cannot be used is a :class:`ModelChoice` with a
+    problem, never another model. Only where no model is configured at all is it the offline
+    demo model.
 
-    ``has_credentials(model_id) -> bool`` asks the adapter whether the provider is configured.
+    ``readiness(model_id)`` asks the adapter (:func:`workers._litellm.readiness`).
     """
     wanted = persona_model or default_model
     if not wanted:
-        return DEMO_MODEL
-    if wanted == DEMO_MODEL or has_credentials(wanted):
-        return wanted
-    provider, _, rest = wanted.partition("/")
-    if not rest:  # a bare name ("gpt-4o-mini") names no provider: try the default one
-        rest = provider
-    if default_provider and rest:
-        mapped = f"{default_provider}/{rest}"
-        if has_credentials(mapped):
-            return mapped
-    return DEMO_MODEL
+        return ModelChoice(DEMO_MODEL)
+    if wanted == DEMO_MODEL:
+        return ModelChoice(wanted)
+    model_id = _aliased(wanted)
+    ready = readiness(model_id)
+    if ready.usable:
+        return ModelChoice(model_id)
+    provider, slash, rest = model_id.partition("/")
+    name = rest if slash else model_id  # a bare name ("gpt-4o-mini") names no provider
+    fallback = f"{default_provider}/{name}" if default_provider and name else ""
+    fallback_ready = readiness(fallback) if fallback and fallback != model_id else None
+    if fallback_ready is not None and fallback_ready.usable:
+        return ModelChoice(fallback)
+    if ready.provider is None:
+        why = (
+            f"litellm knows no provider {provider!r}"
+            if slash
+            else "it names no provider litellm can route it to"
+        )
+        todo = "write it as <provider>/<model> with a provider litellm knows"
+    else:
+        why = f"{ready.provider} needs {' and '.join(ready.missing)}"
+        todo = f"set {' and '.join(ready.missing)}"
+    if fallback_ready is not None and fallback_ready.provider is not None:
+        needs = " and ".join(fallback_ready.missing)
+        why += f", and the default provider's {fallback} needs {needs}"
+        todo += f" (or {needs})"
+    elif not default_provider:
+        todo += ", or ONGRID_DEFAULT_PROVIDER to a provider that is configured"
+    shown = wanted if model_id == wanted else f"{wanted} ({model_id})"
+    return ModelChoice(wanted, f"model {shown} cannot be used: {why}; {todo}")

@@ -57,6 +57,7 @@ from registry.agent_registry import AgentRegistry, Snapshot, UserStore
 from registry.defaults import build_registry
 from registry.errors import (
     LeaseLost,
+    ModelUnusable,
     NotFoundError,
     OngridError,
     PersonaUnavailable,
@@ -90,12 +91,14 @@ from workers.messages import (
 )
 from workers.model import (
     DEMO_MODEL,
+    DEMO_NOTE,
     Model,
+    ModelChoice,
     ModelError,
     RetryAbandoned,
     RetryingModel,
     RetryPolicy,
-    resolve_model_id,
+    resolve_model,
 )
 from workers.observed import MeasuredModel, TurnClock
 from workers.prompts import first_message, system_prompt, turn_reminder
@@ -263,10 +266,16 @@ class WorkerRuntime:
     async def _start_writer(self) -> None:
         self.writer.start()
 
-    def _has_credentials(self, model_id: str) -> bool:
-        from workers._litellm import has_credentials
+    def model_choice(self, persona: Persona) -> ModelChoice:
+        """The model ``persona`` runs on here, or why it cannot (:func:`resolve_model`)."""
+        from workers._litellm import readiness
 
-        return has_credentials(model_id, self.credentials)
+        return resolve_model(
+            persona.model,
+            default_model=self.settings.default_model,
+            default_provider=self.settings.default_provider,
+            readiness=lambda model_id: readiness(model_id, self.credentials),
+        )
 
     def register_persona(self, name: str, factory: Callable[[Snapshot], Persona]) -> None:
         """Run spawns of ``name`` with the persona ``factory`` builds from the registry snapshot
@@ -641,12 +650,10 @@ class WorkerRuntime:
                 raise PersonaUnavailable(f"agent {persona.name!r} is unavailable here: {reason}")
             record.persona_markdown = dump_persona(persona)
             record.persona_source = persona.source.value if persona.source else ""
-            record.model_id = resolve_model_id(
-                persona.model,
-                default_model=self.settings.default_model,
-                default_provider=self.settings.default_provider,
-                has_credentials=self._has_credentials,
-            )
+            choice = self.model_choice(persona)
+            if choice.problem:  # never another model in its place
+                raise ModelUnusable(f"agent {persona.name!r}: {choice.problem}")
+            record.model_id = choice.model_id
         else:  # a resumed attempt runs the version its first attempt pinned
             persona = parse_persona(record.persona_markdown, plugin_name=True).persona
             snapshot = self.registry.snapshot()
@@ -680,6 +687,8 @@ class WorkerRuntime:
                 background=persona.background,
                 missing_context=opening.missing,
                 parent_spawn_id=record.parent_spawn_id,
+                model=record.model_id,
+                model_note=DEMO_NOTE if record.model_id == DEMO_MODEL else "",
             )
             sink.emit(tile, 0)
             record.state.event_index = 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from fastapi import APIRouter, Response
 
 from coordinator.api.deps import Caller, Editor, Services, Svc
@@ -34,6 +35,7 @@ from registry.errors import FieldProblem, NotFoundError, PersonaError
 from registry.lint import lint
 from registry.parser import dump_persona, parse_persona, read_document
 from registry.persona import Persona, Source
+from workers.fleet import FleetReport, model_view, read_fleet
 from workers.reload import broadcast_reload
 
 __all__ = ["router"]
@@ -49,6 +51,25 @@ router = APIRouter(tags=["agents"])
 def _described(svc: Services, name: str) -> dict[str, Any]:
     snap = svc.registry.snapshot()
     return snap.describe(snap.get(name))
+
+
+def _fleet(svc: Services) -> list[FleetReport]:
+    """The live workers' reports; none when Redis cannot be read (models then show unchecked)."""
+    try:
+        return read_fleet(svc.client.redis)
+    except redis.RedisError:
+        return []
+
+
+def _with_model(described: dict[str, Any], reports: list[FleetReport]) -> dict[str, Any]:
+    """``described`` with the model the workers resolve for it, and its problem if any."""
+    view = model_view(reports, described["name"])
+    return {
+        **described,
+        "resolved_model": view.model,
+        "model_problem": view.problem,
+        "model_checked_by": view.checked_by,
+    }
 
 
 def _changed(svc: Services, name: str, notice: str | None = None) -> dict[str, Any]:
@@ -100,16 +121,25 @@ def _patched(current: Persona, changes: dict[str, Any]) -> Persona:
 def list_agents(who: Caller, svc: Svc) -> list[dict[str, Any]]:
     """Every persona with its `source`, availability and what it shadows."""
     snap = svc.snapshot()
-    return [snap.describe(snap.personas[name]) for name in snap.names()]
+    reports = _fleet(svc)
+    return [_with_model(snap.describe(snap.personas[name]), reports) for name in snap.names()]
 
 
 @router.get("/api/v1/agents/warnings", response_model=list[WarningOut], responses=_errors())
 def warnings(who: Caller, svc: Svc) -> list[dict[str, str]]:
     """Every load problem (`kind` `load`: the file or database row and why it was not loaded),
     then the lint findings of each persona, as `ongrid agents lint` reports them for every role:
-    `missing_config` names settings unset on this API process."""
+    `missing_config` names settings unset on this API process; `model`, a model the live
+    workers cannot use (what to set)."""
     snapshot = svc.snapshot()
-    return [f.as_dict() for f in lint(snapshot, svc.catalog_for(snapshot), svc.settings)]
+    reports = _fleet(svc)
+    problems = {
+        name: view.problem
+        for name in snapshot.names()
+        if (view := model_view(reports, name)).problem
+    }
+    findings = lint(snapshot, svc.catalog_for(snapshot), svc.settings, model_problems=problems)
+    return [f.as_dict() for f in findings]
 
 
 @router.post("/api/v1/agents/reload", response_model=ReloadOut, responses=_errors(403))
@@ -126,7 +156,7 @@ def reload(who: Editor, svc: Svc) -> ReloadOut:
 def get_agent(name: str, who: Caller, svc: Svc) -> dict[str, Any]:
     """One persona (404 lists the names that exist)."""
     snap = svc.snapshot()
-    return snap.describe(snap.get(name))
+    return _with_model(snap.describe(snap.get(name)), _fleet(svc))
 
 
 # -- editing user personas ---------------------------------------------------------------------

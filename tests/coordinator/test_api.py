@@ -1097,3 +1097,43 @@ def test_ongrid_ask_renders_the_stream_and_exits_by_status(spawning: Api, cluste
     env["ONGRID_TOKEN"] = "not-a-valid-token-at-all"
     denied = ask("hi", "--agent", "disk_doctor")
     assert denied.returncode == 1 and "401" in denied.stderr
+
+
+def test_agents_show_the_model_the_workers_resolve_and_its_problem(
+    api: Api, site: Site, redis_db: redis.Redis
+):
+    from workers.fleet import FleetReport, FleetReporter
+
+    problem = (
+        "model zhipu/glm-4.7 (zai/glm-4.7) cannot be used: zai needs ZAI_API_KEY; set "
+        "ZAI_API_KEY, or ONGRID_DEFAULT_PROVIDER to a provider that is configured"
+    )
+    site.persona("glm_fan", model="zhipu/glm-4.7")
+    client = api.client()
+    client.post("/api/v1/agents/reload").raise_for_status()
+    unchecked = client.get("/api/v1/agents/glm_fan").json()
+    assert unchecked["model"] == "zhipu/glm-4.7"
+    assert (unchecked["resolved_model"], unchecked["model_checked_by"]) == ("", 0)
+
+    def report(member: str, problems: dict[str, str]) -> FleetReport:
+        return FleetReport(
+            member=member, host="h", pid=1, queues=["ongrid.interactive"], registry_version=0,
+            persona_digest="", personas={}, models={"glm_fan": "zhipu/glm-4.7"},
+            model_problems=problems,
+        )  # fmt: skip
+
+    FleetReporter(redis_db, "w1", lambda: report("w1", {"glm_fan": problem})).report_now()
+    listed = {a["name"]: a for a in client.get("/api/v1/agents").json()}
+    assert listed["glm_fan"]["resolved_model"] == "zhipu/glm-4.7"
+    assert listed["glm_fan"]["model_problem"] == problem
+    assert listed["glm_fan"]["model_checked_by"] == 1
+    [finding] = [w for w in client.get("/api/v1/agents/warnings").json() if w["kind"] == "model"]
+    assert (finding["persona"], finding["subject"], finding["reason"]) == (
+        "glm_fan",
+        "zhipu/glm-4.7",
+        problem,
+    )
+    # A second worker that has the key: the problem is said to be the first one's.
+    FleetReporter(redis_db, "w2", lambda: report("w2", {})).report_now()
+    seen = client.get("/api/v1/agents/glm_fan").json()
+    assert seen["model_problem"] == f"on w1: {problem}" and seen["model_checked_by"] == 2

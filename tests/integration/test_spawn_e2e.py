@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from harness import MODEL, Cluster, final, text_of
+from harness import MODEL, Cluster, final, text_of, wait_for
 
 from registry.errors import NotFoundError
+from workers.fleet import read_fleet
 from workers.spawns import SpawnRecord
 
 ANSWER = "Disk usage on db1 is 41 percent, well below any alert threshold."
@@ -60,6 +61,42 @@ def test_provider_without_credentials_maps_to_the_default_provider(cluster: Clus
     assert [r["model"] for r in cluster.fake.requests()] == ["claude-sonnet-4-6"]
 
 
+def test_a_model_that_cannot_be_used_fails_at_once_saying_what_to_set(cluster: Cluster):
+    cluster.persona("glm_fan", model="zhipu/glm-4.7")
+    # No default provider to fall back on, and no key for Zhipu's GLM (litellm's zai).
+    cluster.start_worker(env={"ONGRID_DEFAULT_PROVIDER": "", "ZAI_API_KEY": ""})
+    problem = (
+        "model zhipu/glm-4.7 (zai/glm-4.7) cannot be used: zai needs ZAI_API_KEY; set "
+        "ZAI_API_KEY, or ONGRID_DEFAULT_PROVIDER to a provider that is configured"
+    )
+    # Flagged before anyone asks: the worker's fleet report carries it.
+    wait_for(lambda: read_fleet(cluster.redis), 30, "the worker's fleet report")
+    (report,) = read_fleet(cluster.redis)
+    assert report.model_problems == {"glm_fan": problem}
+
+    record = cluster.client.spawn("glm_fan", "Is the disk full?")
+    done = cluster.client.wait(record.spawn_id, timeout=60)
+
+    assert done.status == "failed"
+    assert done.error == f"agent 'glm_fan': {problem}"
+    assert cluster.fake.requests() == []  # never another model in its place
+
+
+def test_zhipu_runs_on_litellms_zai_provider_with_its_key(cluster: Cluster):
+    cluster.persona("glm_fan", model="zhipu/glm-4.7")
+    cluster.fake.script([final("glm here")])
+    # litellm's zai provider, pointed at the fake OpenAI-compatible server.
+    cluster.start_worker(env={"ZAI_API_KEY": "zk-test", "ZAI_API_BASE": cluster.fake.base_url})
+
+    record = cluster.client.spawn("glm_fan", "Which model are you?")
+    done = cluster.client.wait(record.spawn_id, timeout=60)
+
+    assert done.status == "ok", done.error
+    assert done.model_id == "zai/glm-4.7" and done.result == "glm here"
+    [tile] = [e for e in cluster.history(record.session_id) if e.type == "agent_tile"]
+    assert tile.model == "zai/glm-4.7" and tile.model_note == ""
+
+
 def test_offline_demo_model_when_persona_and_organisation_name_no_model(cluster: Cluster):
     cluster.persona("disk", model="", tools=["host_probe"])
     cluster.start_worker()
@@ -73,6 +110,9 @@ def test_offline_demo_model_when_persona_and_organisation_name_no_model(cluster:
     assert cluster.fake.requests() == []
     events = cluster.history(record.session_id)
     assert events[-1].type == "task_notification" and events[-1].usage.model_calls == 2
+    tile = events[0]
+    assert tile.type == "agent_tile" and tile.model == "ongrid/demo"
+    assert "not an LLM" in tile.model_note
 
 
 def test_unknown_persona_or_role_is_refused_before_anything_is_enqueued(cluster: Cluster):
