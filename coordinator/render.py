@@ -61,6 +61,9 @@ def show_event(console: Console, event: Any, *, full: bool = False, more_hint: s
         console.print()
         console.print(Text.assemble((f"▶ {event.persona}", "bold cyan"), f" — {event.description}"))
         console.print(Text(f"  tools: {tools}"))
+        if event.model:
+            note = f" — {event.model_note}" if event.model_note else ""
+            console.print(Text(f"  model: {event.model}{note}"))
     elif kind == "tool_call":
         console.print()
         console.print(Text.assemble((f"→ {event.name}", "magenta"), f" {event.arguments}"))

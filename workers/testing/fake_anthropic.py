@@ -33,6 +33,7 @@ import hashlib
 import itertools
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -295,6 +296,8 @@ class _Service:
         self.max_output = max_output
         self.cache = _Cache(min_cacheable)
         self.received: list[dict[str, Any]] = []
+        #: When each Messages request arrived (monotonic seconds), refused ones included.
+        self.arrivals: list[float] = []
         self.usages: list[Usage] = []
         #: Each refused request's status and message, in order.
         self.rejections: list[tuple[int, str]] = []
@@ -343,6 +346,7 @@ class _Service:
                 _invalid("There was an issue with your request body: not valid JSON")
             )
         self.received.append(body)
+        self.arrivals.append(time.monotonic())
         if not request.headers.get("x-api-key"):
             return self._refuse(AnthropicError(401, "x-api-key header is required"))
         if not request.headers.get("anthropic-version"):
@@ -516,6 +520,10 @@ class FakeAnthropic(_InThread):
     def requests(self) -> list[dict[str, Any]]:
         """Every Messages request body received, refused ones included, in order."""
         return list(self._service.received)
+
+    def arrivals(self) -> list[float]:
+        """When each Messages request arrived (``time.monotonic()``), in order."""
+        return list(self._service.arrivals)
 
     def usages(self) -> list[Usage]:
         """The billed input of each answered request, in order."""
