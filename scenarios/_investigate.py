@@ -9,7 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import Cluster
+from harness import MODEL, Cluster
 
 from scenarios._base import KNOWLEDGE, MAX_TOOL_CALLS, Scenario, Staged
 from workers.messages import Event, ToolCallEvent, ToolResultEvent
@@ -69,6 +69,8 @@ def investigate(
             worker = cluster.start_worker(
                 env={
                     "ONGRID_KNOWLEDGE_DIRS": str(KNOWLEDGE),
+                    # The shipped personas name no model: they run on the organisation's.
+                    "ONGRID_DEFAULT_MODEL": MODEL,
                     # A follower that fails answers 500: report it, do not retry it.
                     "ONGRID_MODEL_RETRIES": "0",
                     **staged.env,

@@ -241,23 +241,30 @@ _EXCEEDED = re.compile(r"(\d[\d,]*)\s*tokens?\s*>\s*(\d[\d,]*)", re.IGNORECASE)
 #: OpenAI's: "maximum context length is 128000 tokens. However, your messages resulted in
 #: 130532 tokens".
 _EXCEEDED_OPENAI = re.compile(
-    r"maximum context length is (\d[\d,]*) tokens.*?resulted in (\d[\d,]*) tokens",
+    r"maximum context length is (\d[\d,]*) tokens.*?"
+    r"(?:resulted in (\d[\d,]*) tokens|\((\d[\d,]*) in the messages)",
     re.IGNORECASE | re.DOTALL,
 )
+#: Input and reply together past the window: Anthropic's "input length and `max_tokens` exceed
+#: context limit: 188240 + 21333 > 200000".
+_EXCEEDED_SUM = re.compile(r"(\d[\d,]*)\s*\+\s*\d[\d,]*\s*>\s*(\d[\d,]*)")
 
 
 def exceeded_figures(message: str) -> tuple[int, int] | None:
     """``(tokens, maximum)`` from a provider's refusal as too long (Anthropic's "prompt is too
-    long: 60396 tokens > 60000 maximum", OpenAI's "maximum context length is…"); ``None`` when
-    the message names no such figures."""
+    long: 60396 tokens > 60000 maximum", or its input plus ``max_tokens`` past the limit,
+    OpenAI's "maximum context length is…" either way); ``None`` when the message names no such
+    figures."""
 
     def number(text: str) -> int:
         return int(text.replace(",", ""))
 
     if match := _EXCEEDED.search(message):
         return number(match.group(1)), number(match.group(2))
+    if match := _EXCEEDED_SUM.search(message):
+        return number(match.group(1)), number(match.group(2))
     if match := _EXCEEDED_OPENAI.search(message):
-        return number(match.group(2)), number(match.group(1))
+        return number(match.group(2) or match.group(3)), number(match.group(1))
     return None
 
 

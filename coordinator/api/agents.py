@@ -75,7 +75,8 @@ def _with_model(described: dict[str, Any], reports: list[FleetReport]) -> dict[s
 def _changed(svc: Services, name: str, notice: str | None = None) -> dict[str, Any]:
     """Tell every worker and API process, then describe the persona as it now stands."""
     version = broadcast_reload(svc.client.redis)
-    return {**_described(svc, name), "notice": notice, "registry_version": version}
+    described = _with_model(_described(svc, name), _fleet(svc))
+    return {**described, "notice": notice, "registry_version": version}
 
 
 def _persona_from(body: PersonaIn) -> Persona:

@@ -515,18 +515,16 @@ class AgentOut(_AgentFields):  # type: ignore[misc,valid-type]
         "would be refused with); null for a user persona."
     )
     resolved_model: str = Field(
-        default="",
         description="The model it runs on, as the workers resolve `model` (alias, organisation "
         "default, default provider); `ongrid/demo` is the offline demo model. Empty until a "
         "worker has reported.",
     )
     model_problem: str = Field(
-        default="",
         description="Why its model cannot be used, and what to set: a spawn of it fails with "
         "this sentence. Empty when the workers can run it.",
     )
     model_checked_by: int = Field(
-        default=0, description="How many live workers reported on its model (0: none yet)."
+        description="How many live workers reported on its model (0: none yet)."
     )
 
 

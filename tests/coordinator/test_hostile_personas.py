@@ -216,11 +216,12 @@ def test_request_and_response_fields_are_the_personas():
     assert list(PersonaPatch.model_fields) == [*FILE_FIELDS, "body"]
     assert list(AgentOut.model_fields) == [
         *Persona.model_fields, "available", "unavailable_reason", "shadows", "editable",
-        "read_only_reason",
+        "read_only_reason", "resolved_model", "model_problem", "model_checked_by",
     ]  # fmt: skip
     response_only = {
         "unknown_fields", "source", "path", "plugin", "available", "unavailable_reason",
-        "shadows", "editable", "read_only_reason", "notice", "registry_version",
+        "shadows", "editable", "read_only_reason", "resolved_model", "model_problem",
+        "model_checked_by", "notice", "registry_version",
     }  # fmt: skip
     assert response_only == RESPONSE_ONLY_FIELDS
     assert set(AgentChange.model_fields) - set(AgentOut.model_fields) == {

@@ -109,6 +109,7 @@ def test_a_30_window_investigation_finishes_inside_a_60k_window(
 
     assert done.status == "ok", done.error
     assert "Read all 30 windows" in done.result and ENOSPC in done.result
+    assert fake.rejections() == []  # no tool call without its result, nothing malformed
     requests = fake.requests()
     # Unmanaged, the 30 windows alone would be ~120k tokens; every request stays well inside.
     assert max(tokens(body) for body in requests) < 60_000 - 8192

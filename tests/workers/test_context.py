@@ -334,6 +334,16 @@ def test_preview_and_figures() -> None:
         "resulted in 130532 tokens. Please reduce the length of the messages."
     )
     assert ctx.exceeded_figures(openai) == (130_532, 128_000)
+    with_reply = (
+        "This model's maximum context length is 50 tokens. However, you requested 72 tokens "
+        "(62 in the messages, 10 in the completion)."
+    )
+    assert ctx.exceeded_figures(with_reply) == (62, 50)
+    anthropic_sum = (
+        "input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, "
+        "decrease input length or `max_tokens` and try again"
+    )
+    assert ctx.exceeded_figures(anthropic_sum) == (188_240, 200_000)
     assert ctx.exceeded_figures("bad request") is None
 
 

@@ -147,6 +147,16 @@ def test_breakpoints_are_cached_and_read_back(fake: FakeAnthropic) -> None:
     assert fake.rejections() == []
     usage = fake.usages()[1]
     assert usage.cache_read_input_tokens == second.usage.cache_read_tokens
+    # The cost is litellm's, with writes and reads at their own prices.
+    price = litellm.model_cost["claude-sonnet-4-5"]
+    expected = (
+        usage.input_tokens * price["input_cost_per_token"]
+        + usage.cache_creation_input_tokens * price["cache_creation_input_token_cost"]
+        + usage.cache_read_input_tokens * price["cache_read_input_token_cost"]
+        + second.usage.completion_tokens * price["output_cost_per_token"]
+    )
+    assert second.usage.cost == pytest.approx(expected)
+    assert second.usage.prompt_tokens == usage.prompt_tokens  # cached input counted in full
 
 
 def test_429_waits_what_retry_after_says(fake: FakeAnthropic) -> None:

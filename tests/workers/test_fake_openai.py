@@ -344,3 +344,47 @@ def test_invalid_failure_rules_are_refused(rule: dict[str, Any], problem: str) -
         assert refused.status_code == 500
         assert problem in refused.json()["error"]["message"]
         assert chat(server).json()["choices"][0]["message"]["content"] == DEFAULT_REPLY
+
+
+# --- what it refuses, as OpenAI refuses it ------------------------------------------------------
+
+
+def _post(fake: FakeOpenAI, body: dict[str, Any]) -> httpx.Response:
+    headers = {"Authorization": "Bearer sk-test"}
+    return httpx.post(f"{fake.base_url}/chat/completions", json=body, headers=headers, timeout=10)
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "host_probe", "arguments": "{}"}}
+
+
+def test_a_tool_call_without_its_result_is_refused(fake: FakeOpenAI) -> None:
+    messages = [
+        *user("check"),
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "user", "content": "go on"},
+    ]
+    response = _post(fake, {"model": "gpt-4o-mini", "messages": messages})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "messages.[3].role"
+    assert error["message"].endswith("did not have response messages: call_1")
+    assert fake.rejections() == [error["message"]] and fake.requests()
+
+
+def test_a_tool_result_nobody_asked_for_is_refused(fake: FakeOpenAI) -> None:
+    messages = [*user("check"), {"role": "tool", "tool_call_id": "call_9", "content": "x"}]
+    error = _post(fake, {"model": "gpt-4o-mini", "messages": messages}).json()["error"]
+    assert error["message"] == (
+        "Invalid parameter: messages with role 'tool' must be a response to a preceeding "
+        "message with 'tool_calls'."
+    )
+
+
+def test_past_the_window_is_context_length_exceeded() -> None:
+    with FakeOpenAI(context_window=50) as small:
+        long = user("word " * 60)
+        response = _post(small, {"model": "gpt-4o-mini", "messages": long, "max_tokens": 10})
+        error = response.json()["error"]
+        assert response.status_code == 400 and error["code"] == "context_length_exceeded"
+        assert error["message"].startswith("This model's maximum context length is 50 tokens.")
+        assert "(62 in the messages, 10 in the completion)" in error["message"]

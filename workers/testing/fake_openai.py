@@ -22,6 +22,11 @@ may ``fail`` instead of replying, to script a provider's outages::
 (``close``: a clean close; ``reset``: a TCP reset), after ``after_chunks`` chunks of the streamed
 ``reply`` when set.
 
+Like OpenAI, it refuses (400, ``invalid_request_error``, OpenAI's words) an assistant message
+whose ``tool_calls`` are not each answered by a ``tool`` message right after it, a ``tool``
+message that answers no call, and, given a ``context_window``, a request whose messages and
+``max_tokens`` pass it (``context_length_exceeded``; tokens counted as the usage counts them).
+
 In process, a ``policy`` may decide the replies instead: a function of each request body (its
 ``messages``, its ``tools``) returning the :class:`Reply`, consulted when no rule matches, so a
 scripted model can choose its next call from the tool results it was sent
@@ -296,11 +301,76 @@ def _tool_call(call_id: str, call: ToolCallReply) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": args}}
 
 
+def refusal(body: dict[str, Any], context_window: int | None) -> tuple[str, str, str] | None:
+    """What OpenAI's chat API would refuse in ``body``, in its words: (message, param, code);
+    ``None`` when it is well formed. The window is counted as :meth:`_Answer.usage` counts."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "[] is too short - 'messages'", "messages", "empty_array"
+    open_calls: list[str] = []
+    for n, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            if message.get("tool_call_id") not in open_calls:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{n}].role",
+                    "",
+                )
+            open_calls.remove(message["tool_call_id"])
+            continue
+        if open_calls:
+            return (
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                f"response messages: {', '.join(open_calls)}",
+                f"messages.[{n}].role",
+                "",
+            )
+        if role == "assistant":
+            open_calls = [c.get("id", "") for c in message.get("tool_calls") or []]
+    if open_calls:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding "
+            "to each 'tool_call_id'. The following tool_call_ids did not have response "
+            f"messages: {', '.join(open_calls)}",
+            f"messages.[{len(messages)}].role",
+            "",
+        )
+    if context_window is not None:
+        prompt = sum(_words(_text(m.get("content"))) for m in messages)
+        wanted = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
+        if prompt + wanted > context_window:
+            asked = (
+                f"you requested {prompt + wanted} tokens ({prompt} in the messages, {wanted} in "
+                "the completion). Please reduce the length of the messages or completion."
+                if wanted
+                else f"your messages resulted in {prompt} tokens. Please reduce the length of "
+                "the messages."
+            )
+            return (
+                f"This model's maximum context length is {context_window} tokens. However, {asked}",
+                "messages",
+                "context_length_exceeded",
+            )
+    return None
+
+
 class _Service:
     """The fake's state and endpoints."""
 
-    def __init__(self, script_path: Path | None, delay: float, policy: Policy | None) -> None:
+    def __init__(
+        self,
+        script_path: Path | None,
+        delay: float,
+        policy: Policy | None,
+        context_window: int | None = None,
+    ) -> None:
         self.script = _Script(script_path)
+        self.context_window = context_window
+        #: Each refused request's message, in order.
+        self.rejections: list[str] = []
         self.delay = delay
         self.policy = policy
         self.received: list[dict[str, Any]] = []
@@ -346,6 +416,12 @@ class _Service:
         self.peers.append(request.client.host if request.client else "")
         self.arrivals.append(time.time())
         messages: list[dict[str, Any]] = body.get("messages") or []
+        refused = refusal(body, self.context_window)
+        if refused is not None:
+            text, param, code = refused
+            self.rejections.append(text)
+            error = {"message": text, "type": "invalid_request_error", "param": param}
+            return JSONResponse({"error": {**error, "code": code or None}}, status_code=400)
         answer = self.answer(body)
         meta = {
             "id": f"chatcmpl-{next(self._ids)}",
@@ -405,6 +481,7 @@ class _Service:
 
     async def reset(self, request: Request) -> Response:
         self.received.clear()
+        self.rejections.clear()
         self.keys.clear()
         self.peers.clear()
         self.arrivals.clear()
@@ -493,11 +570,15 @@ async def _script_error(request: Request, exc: Exception) -> Response:
 
 
 def create_app(
-    script_path: Path | None = None, delay: float = 0.0, policy: Policy | None = None
+    script_path: Path | None = None,
+    delay: float = 0.0,
+    policy: Policy | None = None,
+    context_window: int | None = None,
 ) -> Starlette:
     """The fake's ASGI app; ``script_path`` may be JSON or YAML, ``delay`` is in seconds,
-    ``policy`` answers what no rule matches."""
-    service = _Service(script_path, delay, policy)
+    ``policy`` answers what no rule matches; ``context_window`` (tokens as the fake counts them)
+    refuses longer requests as OpenAI does."""
+    service = _Service(script_path, delay, policy, context_window)
     routes = [
         Route("/v1/chat/completions", service.chat, methods=["POST"]),
         Route("/chat/completions", service.chat, methods=["POST"]),
@@ -599,8 +680,9 @@ class FakeOpenAI(_InThread):
         script_path: Path | None = None,
         delay: float = 0.0,
         policy: Policy | None = None,
+        context_window: int | None = None,
     ) -> None:
-        self.app = create_app(script_path, delay, policy)
+        self.app = create_app(script_path, delay, policy, context_window)
         super().__init__(self.app)
         self._service: _Service = self.app.state.service
         if rules:
@@ -618,6 +700,10 @@ class FakeOpenAI(_InThread):
     def requests(self) -> list[dict[str, Any]]:
         """Every chat request body received so far, in order."""
         return list(self._service.received)
+
+    def rejections(self) -> list[str]:
+        """The message of each request refused as malformed or too long, in order."""
+        return list(self._service.rejections)
 
     def key_digests(self) -> list[str]:
         """The SHA-256 of each chat request's bearer key ("" for none), in order."""
