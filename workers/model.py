@@ -386,6 +386,7 @@ def resolve_model(
         why += f", and the default provider's {fallback} needs {needs}"
         todo += f" (or {needs})"
     elif not default_provider:
-        todo += ", or ONGRID_DEFAULT_PROVIDER to a provider that is configured"
+        also = ", or set" if ready.provider is None else ", or"
+        todo += f"{also} ONGRID_DEFAULT_PROVIDER to a provider that is configured"
     shown = wanted if model_id == wanted else f"{wanted} ({model_id})"
     return ModelChoice(wanted, f"model {shown} cannot be used: {why}; {todo}")

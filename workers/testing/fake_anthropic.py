@@ -55,7 +55,6 @@ from workers.testing.fake_openai import (
     _dropped_after,
     _InThread,
     _Script,
-    parse_rules,
 )
 
 __all__ = ["AnthropicError", "FakeAnthropic", "Usage", "create_app"]
@@ -497,29 +496,18 @@ class FakeAnthropic(_InThread):
         max_output: int = 64_000,
         min_cacheable: int = 1024,
     ) -> None:
-        self.app = create_app(
+        app = create_app(
             policy,
             context_window=context_window,
             max_output=max_output,
             min_cacheable=min_cacheable,
         )
-        super().__init__(self.app)
-        self._service: _Service = self.app.state.service
-        if rules:
-            self.set_script(rules)
+        super().__init__(app, rules)
 
     @property
     def base_url(self) -> str:
         """The ``api_base`` for litellm's Anthropic adapter (it adds ``/v1/messages``)."""
         return f"http://127.0.0.1:{self.port}"
-
-    def set_script(self, rules: Sequence[Rule | dict[str, Any]]) -> None:
-        """Replace the rules; a rule's ``fail`` answers in Anthropic's error shape."""
-        self._service.script.rules = parse_rules(list(rules))
-
-    def requests(self) -> list[dict[str, Any]]:
-        """Every Messages request body received, refused ones included, in order."""
-        return list(self._service.received)
 
     def arrivals(self) -> list[float]:
         """When each Messages request arrived (``time.monotonic()``), in order."""
@@ -536,7 +524,3 @@ class FakeAnthropic(_InThread):
     def rejections(self) -> list[tuple[int, str]]:
         """The status and message of each request refused as invalid, in order."""
         return list(self._service.rejections)
-
-    def release(self, hold: str) -> None:
-        """Let the requests held by rules with ``hold`` answer (and later ones pass at once)."""
-        self.post("/_release", {"hold": hold})

@@ -627,10 +627,27 @@ class _InThread:
 
     name = "fake-server"
 
-    def __init__(self, app: Starlette) -> None:
+    def __init__(self, app: Starlette, rules: Sequence[Rule | dict[str, Any]] = ()) -> None:
+        self.app = app
+        #: The fake's state: its rules (``script``) and the request bodies (``received``).
+        self._service: Any = app.state.service
+        if rules:
+            self.set_script(rules)
         self._server = _Server(app, log_config=None)  # leave the test's logging alone
         self._thread: threading.Thread | None = None
         self.port = 0
+
+    def set_script(self, rules: Sequence[Rule | dict[str, Any]]) -> None:
+        """Replace the rules (until the script file, if any, changes)."""
+        self._service.script.rules = parse_rules(list(rules))
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request body received so far, refused ones included, in order."""
+        return list(self._service.received)
+
+    def release(self, hold: str) -> None:
+        """Let the requests held by rules with ``hold`` answer (and later ones pass at once)."""
+        self.post("/_release", {"hold": hold})
 
     def post(self, path: str, body: Any) -> Any:
         """POST ``body`` as JSON to one of the fake's own endpoints; its JSON answer."""
@@ -682,24 +699,12 @@ class FakeOpenAI(_InThread):
         policy: Policy | None = None,
         context_window: int | None = None,
     ) -> None:
-        self.app = create_app(script_path, delay, policy, context_window)
-        super().__init__(self.app)
-        self._service: _Service = self.app.state.service
-        if rules:
-            self.set_script(rules)
+        super().__init__(create_app(script_path, delay, policy, context_window), rules)
 
     @property
     def base_url(self) -> str:
         """The ``api_base`` for litellm / the OpenAI client: ``http://127.0.0.1:PORT/v1``."""
         return f"http://127.0.0.1:{self.port}/v1"
-
-    def set_script(self, rules: Sequence[Rule | dict[str, Any]]) -> None:
-        """Replace the rules (until the script file, if any, changes)."""
-        self._service.script.rules = parse_rules(list(rules))
-
-    def requests(self) -> list[dict[str, Any]]:
-        """Every chat request body received so far, in order."""
-        return list(self._service.received)
 
     def rejections(self) -> list[str]:
         """The message of each request refused as malformed or too long, in order."""
@@ -712,10 +717,6 @@ class FakeOpenAI(_InThread):
     def peers(self) -> list[str]:
         """The client address of each chat request, in order."""
         return list(self._service.peers)
-
-    def release(self, hold: str) -> None:
-        """Let the requests held by rules with ``hold`` answer (and later ones pass at once)."""
-        self.post("/_release", {"hold": hold})
 
 
 def start_subprocess(
