@@ -74,6 +74,9 @@ def show_event(console: Console, event: Any, *, full: bool = False, more_hint: s
         console.print(
             Text(f"? {event.name} needs confirmation ({event.confirmation})", style="yellow")
         )
+    elif kind == "queue_waiting":
+        console.print()
+        console.print(Text(f"… waited {event.waited_seconds:.0f} s: {event.message}", "yellow"))
     elif kind == "context_compacted":
         console.print()
         console.print(

@@ -74,6 +74,7 @@ _ENV: dict[str, str] = {
     "ONGRID_LEASE_SECONDS": "lease_seconds",
     "ONGRID_STRANDED_GRACE_SECONDS": "stranded_grace_seconds",
     "ONGRID_STRANDED_CHECK_SECONDS": "stranded_check_seconds",
+    "ONGRID_QUEUE_WAIT_LIMIT": "queue_wait_limit",
     "ONGRID_PRESENCE_TTL_SECONDS": "presence_ttl_seconds",
     "ONGRID_APPROVAL_TTL_SECONDS": "approval_ttl_seconds",
     "ONGRID_SANDBOX_USER": "sandbox_user",
@@ -255,11 +256,16 @@ class Settings(BaseModel):
     #: resumed elsewhere within about this time (renewals and the reaper run faster).
     lease_seconds: float = Field(default=10.0, gt=0)
     #: How long a spawn someone waits on (a chat turn, ``ongrid spawn``) may sit on a queue no
-    #: live worker consumes before it is failed naming the queue: long enough for the only
-    #: worker of a queue to restart in place (a warm shutdown withdraws its queues at once; the
-    #: new process needs a few seconds to be ready), short enough not to leave a person looking
-    #: at silence. A worker that died is noticed ``presence_ttl_seconds`` later still.
+    #: live worker consumes before the person is told (a ``queue_waiting`` event naming the
+    #: queue and the command that starts a worker, repeated every minute while it lasts): long
+    #: enough for the only worker of a queue to restart in place (a warm shutdown withdraws its
+    #: queues at once; the new process needs a few seconds to be ready). A worker that died is
+    #: noticed ``presence_ttl_seconds`` later still. The spawn keeps its place meanwhile.
     stranded_grace_seconds: float = Field(default=15.0, gt=0)
+    #: Seconds an awaited spawn may wait on a queue no live worker consumes before it is failed
+    #: naming the queue (a restarted or replaced worker resumes it any time before); 0: never.
+    #: Background spawns, which nobody waits on, are never failed for it.
+    queue_wait_limit: float = Field(default=600.0, ge=0)
     #: Seconds between two looks at the queues of the spawns someone waits on.
     stranded_check_seconds: float = Field(default=2.0, gt=0)
     #: How long a worker's presence lasts unrenewed (its advertisement of the queues it consumes

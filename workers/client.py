@@ -24,10 +24,10 @@ from workers import tracing
 from workers.approvals import ApprovalFeed
 from workers.budget import SpawnBudget
 from workers.celery_app import DEFAULT_REDIS_URL, QUEUES, SPAWN_TASK, make_celery
-from workers.consumers import NoConsumer, live_consumers
+from workers.consumers import NoConsumer, live_consumers, start_command
 from workers.events import EventBus
 from workers.limits import RateWindow
-from workers.messages import Event, TaskNotification
+from workers.messages import Event, QueueWaiting, TaskNotification
 from workers.reload import broadcast_reload
 from workers.spawns import UNHELD_STATUSES, SpawnRecord, SpawnStore
 
@@ -174,18 +174,24 @@ class SpawnClient:
         if not self.consumers(queue)[queue]:
             raise NoConsumer(queue)
 
-    def fail_unconsumed(self, spawn_id: str) -> SpawnRecord | None:
+    def fail_unconsumed(self, spawn_id: str, waited: float | None = None) -> SpawnRecord | None:
         """End a spawn that waits for a worker on a queue no live worker consumes.
 
         Only a spawn no attempt holds (``queued``, or ``running`` with its lease expired) is
         ended: ``failed``, its error and ``task_notification`` naming the queue and the command
-        that starts a worker for it. The write is a transaction over the record and its lease,
-        so a worker that claims the spawn at the same moment either wins or finds it finished.
-        Returns the failed record; ``None`` when the spawn was left as it is.
+        that starts a worker for it (and how long it ``waited``). The write is a transaction over
+        the record and its lease, so a worker that claims the spawn at the same moment either
+        wins or finds it finished. Returns the failed record; ``None`` when the spawn was left as
+        it is.
         """
-        failed = self.store.fail_unheld(
-            spawn_id, served=self.served, error=lambda record: str(NoConsumer(record.queue))
-        )
+
+        def error(record: SpawnRecord) -> str:
+            why = str(NoConsumer(record.queue))
+            if waited is None:
+                return why
+            return f"{why}; gave up after waiting {waited:.0f} s (queue_wait_limit)"
+
+        failed = self.store.fail_unheld(spawn_id, served=self.served, error=error)
         if failed is None:
             return None
         note = TaskNotification(
@@ -217,7 +223,8 @@ class SpawnClient:
         :class:`~registry.errors.WorkerDraining`; the spawn itself runs on.
 
         ``stranded``: watch the spawn as :class:`StrandedWatch` does, so one left on a queue no
-        worker consumes any more is failed (naming the queue) instead of waited on to the end.
+        worker consumes any more is announced (naming the queue) and, after
+        ``queue_wait_limit``, failed instead of waited on to the end.
 
         Follows the session's event stream rather than polling the record: the record is read
         again when the spawn's ``task_notification`` or ``confirmation_required`` arrives. That
@@ -339,22 +346,35 @@ def _ends_wait(spawn_id: str) -> Callable[[Event], bool]:
     return lambda event: event.spawn_id == spawn_id and event.type in _ENDING_EVENTS
 
 
+#: Seconds between two ``queue_waiting`` notices of one spawn.
+NOTICE_EVERY = 60.0
+
+
 class StrandedWatch:
-    """The spawns a person waits on; :meth:`check` fails those stranded on an unserved queue.
+    """The spawns a person waits on; :meth:`check` tells the person about those waiting on a
+    queue nobody consumes, and fails them only after ``queue_wait_limit``.
 
     A spawn is stranded once it has waited unheld (``queued``, or ``running`` with no lease) on a
     queue with no live consumer for ``grace`` seconds on end (``Settings.stranded_grace_seconds``
-    unless given); a consumer seen in between starts
-    the count again. Whoever follows a spawn's events (the chat stream, ``ongrid spawn``) calls
-    :meth:`check` every few seconds, so a worker that disappears after the spawn was accepted
-    ends in a ``task_notification`` naming the queue instead of silence.
+    unless given); a consumer seen in between starts the count again. A stranded spawn keeps its
+    place: a ``queue_waiting`` event names the queue and the command that starts a worker, again
+    every :data:`NOTICE_EVERY` seconds while it lasts, and a worker that arrives resumes it. It
+    is failed, naming the queue, once it has waited ``limit`` seconds
+    (``Settings.queue_wait_limit``; 0: never); a background spawn never is. Whoever follows a
+    spawn's events (the chat stream, ``ongrid spawn``) calls :meth:`check` every few seconds,
+    so a worker that disappears after the spawn was accepted is never met with silence.
     """
 
     def __init__(
-        self, client: SpawnClient, spawn_ids: Iterable[str] = (), grace: float | None = None
+        self,
+        client: SpawnClient,
+        spawn_ids: Iterable[str] = (),
+        grace: float | None = None,
+        limit: float | None = None,
     ) -> None:
         self.client = client
         self.grace = client.settings.stranded_grace_seconds if grace is None else grace
+        self.limit = client.settings.queue_wait_limit if limit is None else limit
         self._since: dict[str, float | None] = dict.fromkeys(spawn_ids)
         self._lock = threading.Lock()
 
@@ -372,16 +392,42 @@ class StrandedWatch:
             if record is None or record.finished:
                 self._forget(spawn_id)
             elif self._unserved(record):
-                first = self._first_seen(spawn_id)
-                if time.monotonic() - first >= self.grace:
-                    done = self.client.fail_unconsumed(spawn_id)
+                waited = time.monotonic() - self._first_seen(spawn_id)
+                if waited < self.grace:
+                    continue
+                limited = bool(self.limit) and not record.background
+                if limited and waited >= self.limit:
+                    done = self.client.fail_unconsumed(spawn_id, waited)
                     if done is not None:
                         failed.append(done)
                         self._forget(spawn_id)
+                    continue
+                self._notify(record, waited, self.limit - waited if limited else None)
             else:
                 with self._lock:
                     self._since[spawn_id] = None
         return failed
+
+    def _notify(self, record: SpawnRecord, waited: float, left: float | None) -> None:
+        """Publish a ``queue_waiting`` notice of ``record``, at most one per spawn each
+        :data:`NOTICE_EVERY` seconds of wall time, whoever else watches it too."""
+        then = f", and fails if none has come within {left:.0f} s" if left is not None else ""
+        notice = QueueWaiting(
+            session_id=record.session_id,
+            spawn_id=record.spawn_id,
+            queue=record.queue,
+            waited_seconds=round(waited, 1),
+            fails_in_seconds=None if left is None else round(left, 1),
+            message=(
+                f"no worker consumes {record.queue}: start one with "
+                f"{start_command(record.queue)}. The spawn keeps its place and runs when a "
+                f"worker arrives{then}."
+            ),
+        )
+        # One notice per minute-long slot of wall time: two watchers of one spawn (the chat
+        # stream and the CLI) publish it once, and a later wait of the same spawn is told again.
+        slot = int(time.time() // NOTICE_EVERY)
+        self.client.bus.publish(notice, dedup_key=f"queue-wait:{record.spawn_id}", dedup_index=slot)
 
     def _unserved(self, record: SpawnRecord) -> bool:
         if record.status not in UNHELD_STATUSES or self.client.store.leased(record.spawn_id):

@@ -20,6 +20,7 @@ __all__ = [
     "Event",
     "Message",
     "Requester",
+    "QueueWaiting",
     "TaskNotification",
     "TextDelta",
     "ToolCall",
@@ -186,6 +187,21 @@ class TaskNotification(_Envelope):
     budget_reached: Literal["tokens", "cost", "time", "tool_calls", "context"] | None = None
 
 
+class QueueWaiting(_Envelope):
+    """A spawn someone waits on sits on a queue no live worker consumes: it keeps its place and
+    runs when one arrives; said again every minute while it lasts."""
+
+    type: Literal["queue_waiting"] = "queue_waiting"
+    queue: str
+    #: Seconds it has waited for a worker so far.
+    waited_seconds: float
+    #: Seconds after which it is failed if no worker came (``queue_wait_limit``); ``None``:
+    #: never (a background spawn, or no limit).
+    fails_in_seconds: float | None = None
+    #: The whole notice, with the command that starts a worker for the queue.
+    message: str
+
+
 class ContextCompacted(_Envelope):
     """The spawn's earlier turns were replaced by an investigation ledger the model wrote, to
     keep the conversation inside the model's window (:mod:`workers.context`)."""
@@ -211,6 +227,7 @@ Event = Annotated[
     | ConfirmationRequired
     | ApprovalDecided
     | TaskNotification
+    | QueueWaiting
     | ContextCompacted,
     Field(discriminator="type"),
 ]

@@ -63,10 +63,11 @@ def site(cluster: Cluster) -> Site:
         "ONGRID_CONFIG": str(config),
         "ONGRID_DATABASE_URL": f"sqlite:///{cluster.root / 'ongrid.db'}",
         "ONGRID_DEFAULT_MODEL": MODEL,
-        # A dead worker stops counting as a consumer, and a spawn left on its queue is failed,
-        # within seconds rather than the production 10 + 15 (test_client_wait holds those).
+        # A dead worker stops counting as a consumer, and a spawn left on its queue is announced
+        # and then failed, within seconds rather than the production 10 + 15 and 600.
         "ONGRID_PRESENCE_TTL_SECONDS": "4",
         "ONGRID_STRANDED_GRACE_SECONDS": "3",
+        "ONGRID_QUEUE_WAIT_LIMIT": "4",
         "ONGRID_STRANDED_CHECK_SECONDS": "0.5",
     }
     cluster.persona("probe", body="# Probe")
@@ -218,7 +219,7 @@ def test_a_chat_whose_worker_dies_ends_with_the_queue_named(site: Site, api: htt
 def test_a_spawn_stranded_in_a_queue_is_failed_and_a_later_worker_does_not_run_it(site: Site):
     client = site.cluster.client
     record = client.spawn("probe", PROMPT, require_consumer=False)  # scaled from zero, say
-    watch = StrandedWatch(client, [record.spawn_id], grace=3.0)
+    watch = StrandedWatch(client, [record.spawn_id], grace=3.0, limit=3.0)
 
     (failed,) = wait_for(watch.check, DEADLINE, "the stranded spawn to be failed", every=0.2)
 

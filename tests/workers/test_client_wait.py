@@ -20,7 +20,7 @@ import redis_server
 
 from registry.errors import NotFoundError, WorkerDraining
 from registry.settings import Settings
-from workers.client import SpawnClient
+from workers.client import SpawnClient, StrandedWatch
 from workers.messages import ConfirmationRequired, TaskNotification, TextDelta
 from workers.spawns import SpawnRecord
 
@@ -45,8 +45,13 @@ def pool() -> Iterator[ThreadPoolExecutor]:
         yield executor
 
 
-def running(client: SpawnClient, status: str = "running", queue: str = "") -> SpawnRecord:
-    record = SpawnRecord(session_id="s1", persona="probe", prompt="p", status=status, queue=queue)  # type: ignore[arg-type]
+def running(
+    client: SpawnClient, status: str = "running", queue: str = "", background: bool = False
+) -> SpawnRecord:
+    record = SpawnRecord(
+        session_id="s1", persona="probe", prompt="p", status=status, queue=queue,  # type: ignore[arg-type]
+        background=background,
+    )  # fmt: skip
     return client.store.create(record)
 
 
@@ -206,15 +211,40 @@ def test_a_spawn_still_running_at_the_timeout_raises(client: SpawnClient):
         client.wait(record.spawn_id, timeout=0.3)
 
 
-def test_a_stranded_spawn_is_failed_naming_its_queue(client: SpawnClient):
+def test_a_stranded_spawn_is_announced_then_failed_after_the_limit(client: SpawnClient):
+    client.settings = client.settings.model_copy(
+        update={"stranded_grace_seconds": 0.5, "stranded_check_seconds": 0.2, "queue_wait_limit": 2}
+    )
     record = running(client, "queued", queue="ongrid.nobody")  # no worker consumes it
 
     done = client.wait(record.spawn_id, timeout=LIVENESS, stranded=True)
 
     assert done.status == "failed"
-    assert "ongrid.nobody" in done.error
-    (note,) = [e for e in client.bus.history("s1") if e.type == "task_notification"]
+    assert done.error.startswith("no worker consumes ongrid.nobody: start one with")
+    assert "gave up after waiting 2 s (queue_wait_limit)" in done.error
+    events = client.bus.history("s1")
+    waiting = [e for e in events if e.type == "queue_waiting"]
+    assert waiting and waiting[0].queue == "ongrid.nobody"  # told before it was failed
+    assert "The spawn keeps its place and runs when a worker arrives" in waiting[0].message
+    assert waiting[0].fails_in_seconds is not None and waiting[0].fails_in_seconds <= 1.5
+    assert len(waiting) <= 2  # one notice a minute, whoever watches
+    (note,) = [e for e in events if e.type == "task_notification"]
     assert note.spawn_id == record.spawn_id and note.status == "failed"
+    assert events.index(waiting[0]) < events.index(note)
+
+
+def test_a_background_spawn_is_announced_but_never_failed_for_waiting(client: SpawnClient):
+    client.settings = client.settings.model_copy(
+        update={"stranded_grace_seconds": 0.1, "queue_wait_limit": 0.2}
+    )
+    record = running(client, "queued", queue="ongrid.nobody", background=True)
+    watch = StrandedWatch(client, [record.spawn_id])
+    watch.check()
+    time.sleep(0.3)
+    assert watch.check() == []
+    assert client.store.get(record.spawn_id).status == "queued"
+    (notice,) = [e for e in client.bus.history("s1") if e.type == "queue_waiting"]
+    assert notice.fails_in_seconds is None
 
 
 def test_a_wait_does_not_count_as_someone_watching(client: SpawnClient, pool: ThreadPoolExecutor):
