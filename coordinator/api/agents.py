@@ -163,8 +163,20 @@ def get_agent(name: str, who: Caller, svc: Svc) -> dict[str, Any]:
 # -- editing user personas ---------------------------------------------------------------------
 
 
+# Canonical under /api/v1 like every other route; the source documents' /v1/agents/custom
+# forms are served too, as they are pasted.
 @router.post(
-    "/v1/agents/custom", status_code=201, response_model=AgentChange, responses=_errors(403, 409)
+    "/api/v1/agents/custom",
+    status_code=201,
+    response_model=AgentChange,
+    responses=_errors(403, 409),
+)
+@router.post(
+    "/v1/agents/custom",
+    status_code=201,
+    response_model=AgentChange,
+    responses=_errors(403, 409),
+    include_in_schema=False,
 )
 def create_agent(body: PersonaIn, who: Editor, svc: Svc, response: Response) -> dict[str, Any]:
     """Save a new user persona (409 if one of that name exists). A builtin or disk persona of
@@ -188,7 +200,13 @@ def create_agent(body: PersonaIn, who: Editor, svc: Svc, response: Response) -> 
 
 
 @router.patch(
-    "/v1/agents/custom/{name}", response_model=AgentChange, responses=_errors(403, 404, 409)
+    "/api/v1/agents/custom/{name}", response_model=AgentChange, responses=_errors(403, 404, 409)
+)
+@router.patch(
+    "/v1/agents/custom/{name}",
+    response_model=AgentChange,
+    responses=_errors(403, 404, 409),
+    include_in_schema=False,
 )
 def patch_agent(name: str, body: PersonaPatch, who: Editor, svc: Svc) -> dict[str, Any]:
     """Change fields of a user persona; builtin and disk personas are read-only (409).
@@ -214,10 +232,17 @@ def patch_agent(name: str, body: PersonaPatch, who: Editor, svc: Svc) -> dict[st
 
 
 @router.delete(
+    "/api/v1/agents/custom/{name}",
+    status_code=204,
+    response_class=Response,
+    responses=_errors(403, 404, 409),
+)
+@router.delete(
     "/v1/agents/custom/{name}",
     status_code=204,
     response_class=Response,
     responses=_errors(403, 404, 409),
+    include_in_schema=False,
 )
 def delete_agent(name: str, who: Editor, svc: Svc) -> Response:
     """Delete a user persona; a builtin or disk persona it shadowed is visible again."""

@@ -30,7 +30,7 @@ from coordinator.api._headers import FramingHeadersMiddleware
 from coordinator.api.console import install_console
 from coordinator.api.deps import Services
 from coordinator.api.docs import install_docs
-from coordinator.api.errors import BodyLimitMiddleware, install_error_handlers
+from coordinator.api.errors import BodyLimitMiddleware, JsonBodyMiddleware, install_error_handlers
 from coordinator.api.limits import ApiLimiter
 from coordinator.api.metrics import install_metrics
 from coordinator.api.stream_hub import StreamHub
@@ -147,6 +147,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     install_docs(app)
     app.state.services = services
     install_error_handlers(app)
+    app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     # Outermost: requests the body limit refuses are counted and traced too.
     scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)

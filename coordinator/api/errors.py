@@ -36,6 +36,7 @@ from workers.consumers import NoConsumer
 from workers.limits import LimitExceeded
 
 __all__ = [
+    "JsonBodyMiddleware",
     "ApiError",
     "BodyLimitMiddleware",
     "Conflict",
@@ -237,6 +238,38 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 # -- request size ------------------------------------------------------------------------------
+
+
+#: Content types a body is sent with when its sender did not say it is JSON: curl's ``-d``
+#: default, and none at all.
+_UNDECLARED = frozenset({b"", b"application/x-www-form-urlencoded", b"text/plain"})
+
+
+class JsonBodyMiddleware:
+    """Read the body of an API request as JSON when its sender did not declare it so.
+
+    ``curl -d '{…}'`` sends ``application/x-www-form-urlencoded`` unless ``-H 'Content-Type:
+    application/json'`` is given, and the source documents' calls leave the header out. No route
+    of the API takes a form, so such a body is parsed as the JSON it is (and one that is not
+    JSON is refused as such, naming where it stops parsing).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in ("POST", "PATCH", "PUT")
+            and scope["path"].startswith(("/api/", "/v1/"))
+        ):
+            headers = list(scope.get("headers") or [])
+            declared = dict(headers).get(b"content-type", b"").split(b";")[0].strip().lower()
+            if declared in _UNDECLARED:
+                headers = [(k, v) for k, v in headers if k != b"content-type"]
+                headers.append((b"content-type", b"application/json"))
+                scope = {**scope, "headers": headers}
+        await self.app(scope, receive, send)
 
 
 class BodyLimitMiddleware:

@@ -1137,3 +1137,29 @@ def test_agents_show_the_model_the_workers_resolve_and_its_problem(
     FleetReporter(redis_db, "w2", lambda: report("w2", {})).report_now()
     seen = client.get("/api/v1/agents/glm_fan").json()
     assert seen["model_problem"] == f"on w1: {problem}" and seen["model_checked_by"] == 2
+
+
+def test_custom_personas_under_both_paths_and_json_sent_as_curl_sends_it(api: Api):
+    client = api.client()
+    # curl -d without -H 'Content-Type: application/json' sends a form's content type.
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    body = json.dumps(_persona("curl_made"))
+    created = client.post("/api/v1/agents/custom", content=body, headers=form)
+    assert created.status_code == 201, created.text
+    assert created.headers["Location"] == "/api/v1/agents/curl_made"
+    patched = client.patch(
+        "/v1/agents/custom/curl_made", content=json.dumps({"max_turns": 7}), headers=form
+    )
+    assert patched.status_code == 200 and patched.json()["max_turns"] == 7
+    again = client.patch("/api/v1/agents/custom/curl_made", json={"max_turns": 9})
+    assert again.json()["max_turns"] == 9
+    no_type = client.post(
+        "/v1/agents/custom", content=json.dumps(_persona("bare_made")), headers={}
+    )
+    assert no_type.status_code == 201, no_type.text
+    not_json = client.post("/api/v1/agents/custom", content=b"name=x", headers=form)
+    assert not_json.status_code == 422 and "malformed JSON" in error_of(not_json)["message"]
+    assert client.delete("/api/v1/agents/custom/curl_made").status_code == 204
+    assert client.delete("/v1/agents/custom/bare_made").status_code == 204
+    paths = api.client().get("/openapi.json").json()["paths"]
+    assert "/api/v1/agents/custom" in paths and "/v1/agents/custom" not in paths
