@@ -10,6 +10,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from coordinator.plugins_cli import plugins
 from registry.agent_registry import LoadWarning, Snapshot
@@ -109,7 +110,7 @@ def _validate(files: list[Path]) -> tuple[list[Persona], list[LoadWarning]]:
 
 def _print_warnings(warnings: list[LoadWarning]) -> None:
     for w in warnings:
-        _out.print(f"[yellow]warning[/] {w.path}: {w.reason}", markup=True)
+        _out.print(Text.assemble(("warning", "yellow"), f" {w.path}: {w.reason}"))
 
 
 @agents.command()
@@ -153,18 +154,30 @@ def _current_snapshot(settings: Settings) -> Snapshot:
     return _runtime_registry(settings).snapshot()
 
 
+def _user_personas_line(settings: Settings, snapshot: Snapshot) -> str:
+    """Which database the user personas of ``snapshot`` came from (or that there was none)."""
+    from coordinator.storage.personas import ReadOnlyUserStore
+    from registry.persona import Source
+
+    count = sum(p.source is Source.USER for p in snapshot.personas.values())
+    return ReadOnlyUserStore.open(settings).summary(count)
+
+
 @agents.command(name="list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_agents(as_json: bool) -> None:
     """The merged registry as the runtime sees it from here (builtin → disk → user)."""
-    snap = _current_snapshot(_settings())
+    settings = _settings()
+    snap = _current_snapshot(settings)
     personas = [snap.personas[name] for name in snap.names()]
+    users = _user_personas_line(settings, snap)
     if as_json:
         _emit_json(
             {
                 "version": snap.digest,
                 "agents": [snap.describe(p) for p in personas],
                 "warnings": [w.as_dict() for w in snap.warnings],
+                "user_personas": users,
             }
         )
         return
@@ -182,6 +195,7 @@ def list_agents(as_json: bool) -> None:
             p.path or "",
         )
     _out.print(table)
+    _out.print(Text(users))
     _print_warnings(list(snap.warnings))
 
 
@@ -356,6 +370,7 @@ def lint(role: str | None, agents_dir: Path | None, skip_config: bool, as_json: 
         _emit_json({"role": role, "findings": [f.as_dict() for f in findings]})
     else:
         _print_findings(findings)
+        _out.print(Text(_user_personas_line(settings, snapshot)))
         _out.print(_lint_summary(findings, skip_config))
     sys.exit(1 if findings else 0)
 
@@ -402,8 +417,14 @@ def reload() -> None:
     """Broadcast a registry reload to every worker and API process."""
     from workers.client import SpawnClient
 
-    version = SpawnClient(_settings()).reload()
+    settings = _settings()
+    version = SpawnClient(settings).reload()
     click.echo(f"registry reload broadcast (cluster registry version {version})")
+    # What every process now loads, as this host reads it: files that did not load say why.
+    snapshot = _current_snapshot(settings)
+    warnings = list(snapshot.warnings)
+    _out.print(Text(f"{len(snapshot.personas)} persona(s) loaded here, {len(warnings)} warning(s)"))
+    _print_warnings(warnings)
 
 
 def _worker_argv(queues: str, concurrency: int, name: str, loglevel: str) -> list[str]:

@@ -383,6 +383,16 @@ class ReadOnlyUserStore:
         url = make_url(database_url(settings, create=False))
         return cls(open_read_only(settings), url.render_as_string(hide_password=True))
 
+    def summary(self, count: int) -> str:
+        """Where the ``count`` user personas shown were read from, or why none were: a command
+        run outside the data directory's parent otherwise leaves them out without a word."""
+        if self._engine is None:
+            return (
+                f"user personas: none read, no database at {self._label} (set ONGRID_DATA_DIR "
+                "or ONGRID_DATABASE_URL to the one the API uses)"
+            )
+        return f"user personas: {count} read from {self._label}"
+
     def list(self) -> builtins.list[Persona]:
         self._notes = []
         if self._engine is None or self._store is None:

@@ -205,7 +205,11 @@ def test_lint_exits_0_on_a_clean_directory(runner, tmp_path):
     _agent(agents, "metrics_reader", "When a dashboard looks wrong.", "query_promql")
     result = _lint(runner, agents, env=_lint_env(tmp_path))
     assert result.exit_code == 0, result.output
-    assert result.output.strip() == "no findings"
+    users, summary = result.output.strip().splitlines()
+    assert summary == "no findings"
+    # Run away from the data directory: it says which database it did not find.
+    assert users.startswith("user personas: none read, no database at sqlite")
+    assert users.endswith("(set ONGRID_DATA_DIR or ONGRID_DATABASE_URL to the one the API uses)")
     as_json = _lint(runner, agents, "--json", env=_lint_env(tmp_path))
     assert as_json.exit_code == 0 and json.loads(as_json.output) == {"role": None, "findings": []}
 

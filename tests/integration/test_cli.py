@@ -63,3 +63,16 @@ def test_spawn_command_refuses_an_unknown_persona(cluster: Cluster):
     assert out.returncode == 1
     assert "unknown agent 'nope'; known: generalist, incident" in out.stderr
     assert cluster.redis.keys("*") == []
+
+
+def test_agents_reload_says_which_files_did_not_load(cluster: Cluster):
+    cluster.persona("fine")
+    (cluster.agents / "broken.md").write_text("no frontmatter here\n")
+
+    done = _ongrid(cluster, "agents", "reload")
+
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("registry reload broadcast (cluster registry version ")
+    assert lines[1].endswith(" persona(s) loaded here, 1 warning(s)")
+    assert lines[2].startswith(f"warning {cluster.agents / 'broken.md'}: no frontmatter")
