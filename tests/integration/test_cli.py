@@ -75,4 +75,4 @@ def test_agents_reload_says_which_files_did_not_load(cluster: Cluster):
     lines = done.stdout.splitlines()
     assert lines[0].startswith("registry reload broadcast (cluster registry version ")
     assert lines[1].endswith(" persona(s) loaded here, 1 warning(s)")
-    assert lines[2].startswith(f"warning {cluster.agents / 'broken.md'}: no frontmatter")
+    assert lines[2].startswith("warning agents/broken.md: no frontmatter")
