@@ -60,8 +60,17 @@ def _app(settings: Settings) -> Celery:
 
 
 def enqueue(settings: Settings, record: SpawnRecord) -> None:
-    """Send the spawn task for ``record`` to its queue (first time or again after a crash)."""
-    _app(settings).send_task(SPAWN_TASK, args=[record.spawn_id, record.persona], queue=record.queue)
+    """Send the spawn task for ``record`` to its queue (first time or again after a crash).
+
+    Its display name (Celery's ``shadow``) is ``spawn <persona>``: Flower's task list, and the
+    worker's log, say which persona ran rather than ``ongrid.spawn`` for every one.
+    """
+    _app(settings).send_task(
+        SPAWN_TASK,
+        args=[record.spawn_id, record.persona],
+        queue=record.queue,
+        shadow=f"spawn {record.persona}",
+    )
 
 
 class SpawnClient:

@@ -76,3 +76,15 @@ def test_agents_reload_says_which_files_did_not_load(cluster: Cluster):
     assert lines[0].startswith("registry reload broadcast (cluster registry version ")
     assert lines[1].endswith(" persona(s) loaded here, 1 warning(s)")
     assert lines[2].startswith("warning agents/broken.md: no frontmatter")
+
+
+def test_each_spawn_task_carries_its_persona_as_display_name(cluster: Cluster):
+    """Flower and the worker's log name a task by its ``shadow`` (Celery's display name): each
+    spawn says which persona it runs, not ``ongrid.spawn`` for every one."""
+    cluster.persona("namer")
+    record = cluster.client.spawn("namer", "Say your name.", require_consumer=False)
+
+    (raw,) = cluster.redis.lrange(record.queue, 0, -1)  # no worker: the message waits there
+    headers = json.loads(raw)["headers"]
+    assert (headers["task"], headers["shadow"]) == ("ongrid.spawn", "spawn namer")
+    assert headers["argsrepr"] == repr([record.spawn_id, "namer"])
