@@ -17,7 +17,7 @@ from registry.agent_registry import LoadWarning, Snapshot
 from registry.errors import OngridError, PersonaError
 from registry.parser import load_persona_file
 from registry.persona import Persona, Source
-from registry.settings import Settings
+from registry.settings import DEFAULT_API_PORT, Settings
 
 __all__ = ["main"]
 
@@ -494,7 +494,7 @@ def worker(
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True)
+@click.option("--port", default=DEFAULT_API_PORT, show_default=True)
 def api(host: str, port: int) -> None:
     """Serve the HTTP API (uvicorn)."""
     from coordinator.api.app import serve
@@ -649,7 +649,11 @@ def _watch_stranded(watch: Any, stop: Any) -> None:
     "ONGRID_CONFIG: the local admin token is for this machine only.",
 )
 @click.option(
-    "--api-port", default=8000, show_default=True, type=click.IntRange(1, 65535), help="API port."
+    "--api-port",
+    default=DEFAULT_API_PORT,
+    show_default=True,
+    type=click.IntRange(1, 65535),
+    help="API port.",
 )
 @click.option(
     "--flower-port",
@@ -737,7 +741,7 @@ def _token(token: str | None) -> str:
 @click.option(
     "--url",
     envvar="ONGRID_URL",
-    default="http://127.0.0.1:8000",
+    default=f"http://127.0.0.1:{DEFAULT_API_PORT}",
     show_default=True,
     help="The API ($ONGRID_URL).",
 )

@@ -47,7 +47,7 @@ from coordinator.local_auth import (
 )
 from coordinator.render import EventPrinter
 from registry.errors import OngridError
-from registry.settings import LOCAL_TOKEN_ENV, Settings
+from registry.settings import DEFAULT_API_PORT, LOCAL_TOKEN_ENV, Settings
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
 from workers.consumers import live_consumers
@@ -67,7 +67,7 @@ DEMO_TIMEOUT = 120.0
 STOP_TIMEOUT = 20.0
 #: Seconds a check of Redis waits to connect or for an answer.
 PROBE_TIMEOUT = 3.0
-_DEFAULT_API_URL = "http://127.0.0.1:8000"
+_DEFAULT_API_URL = f"http://127.0.0.1:{DEFAULT_API_PORT}"
 #: Where the embedded Redis looks for a free port when ``--redis-port`` is not given: above
 #: 6379, which a machine's own Redis usually holds.
 _FIRST_REDIS_PORT = 6380
@@ -83,7 +83,7 @@ class UpError(Exception):
 class UpOptions:
     workers: int = 1
     api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    api_port: int = DEFAULT_API_PORT
     flower_port: int = 5555
     #: The embedded Redis's port; ``None``: the first free one from 6380.
     redis_port: int | None = None

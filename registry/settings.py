@@ -24,6 +24,7 @@ from registry.secret_names import is_secret
 __all__ = [
     "DEFAULT_MARKETPLACE_ROOT",
     "LOCAL_ADMIN_USER",
+    "DEFAULT_API_PORT",
     "LOCAL_TOKEN_ENV",
     "ApiLimits",
     "ModelLimits",
@@ -38,6 +39,8 @@ DEFAULT_MARKETPLACE_ROOT = Path("/var/lib/ongrid/agents")
 #: Names a file holding one token that speaks for :data:`LOCAL_ADMIN_USER` with the role
 #: ``admin``, besides ``auth.tokens``: ``ongrid up`` writes it and points its API process here.
 LOCAL_TOKEN_ENV = "ONGRID_LOCAL_TOKEN_FILE"
+#: The API's port unless told otherwise: the one the source documents' calls use.
+DEFAULT_API_PORT = 8080
 LOCAL_ADMIN_USER = "local-admin"
 
 #: Environment variable → settings field, for the scalar settings.

@@ -44,7 +44,7 @@ from coordinator.storage.plugins import PluginStore
 from coordinator.topology import ApiAnnouncer
 from coordinator.web import DIST
 from registry.defaults import build_registry
-from registry.settings import Settings
+from registry.settings import DEFAULT_API_PORT, Settings
 from workers.celery_app import DEFAULT_REDIS_URL
 from workers.client import SpawnClient
 from workers.hardening import harden_process
@@ -174,7 +174,7 @@ def _raise_open_files_limit() -> int:
     return soft
 
 
-def serve(settings: Settings, host: str = "127.0.0.1", port: int = 8000) -> None:
+def serve(settings: Settings, host: str = "127.0.0.1", port: int = DEFAULT_API_PORT) -> None:
     """Serve the API with uvicorn until interrupted. Access logs carry no headers (no tokens)."""
     files = _raise_open_files_limit()
     app = create_app(settings)

@@ -408,3 +408,17 @@ def test_whole_corpus_through_validate_and_import(runner, tmp_path):
     problems = [w for w in again["warnings"] if "duplicate persona name" not in w["reason"]]
     assert problems == []
     assert len(again["agents"]) + len(again["warnings"]) == 966
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (("api", "--help"), "--port INTEGER [default: 8080]"),
+        (("up", "--help"), "API port. [default: 8080"),
+        (("ask", "--help"), "http://127.0.0.1:8080"),
+    ],
+)
+def test_the_api_listens_where_the_documents_curl_it(runner: CliRunner, args, shown):
+    """Their calls target http://localhost:8080/api/v1/chat."""
+    out = runner.invoke(main, list(args), terminal_width=200).output
+    assert shown in " ".join(out.split()), out
