@@ -74,14 +74,20 @@ class Scenario:
 
     name: str
     persona: str
-    """The shipped persona (``agents/<persona>.md``) that investigates it."""
+    """The name of the shipped persona (a file of ``agents/``) that investigates it."""
     stage: Callable[[Path], AbstractContextManager[Staged]]
     """Stage the fault with scratch space under the given directory; undone on exit."""
     follow: Follower
 
     @property
     def persona_file(self) -> Path:
-        return SHIPPED_AGENTS / f"{self.persona}.md"
+        """The shipped file of :attr:`persona` (file names follow the source documents, so
+        ``disk_specialist`` is ``specialist-disk.md``)."""
+        named = re.compile(rf"^name: {re.escape(self.persona)}\s*$", re.MULTILINE)
+        for path in sorted(SHIPPED_AGENTS.glob("*.md")):
+            if named.search(path.read_text(encoding="utf-8")):
+                return path
+        raise LookupError(f"no shipped persona named {self.persona!r} in {SHIPPED_AGENTS}")
 
 
 def owned_name(kind: str) -> str:

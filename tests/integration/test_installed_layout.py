@@ -219,19 +219,19 @@ def test_a_team_file_of_a_shipped_name_overrides_it_with_one_warning(
 ) -> None:
     team = tmp_path / "team"
     shutil.copytree(REPO / "agents", team / "agents")
-    edited = team / "agents" / "disk_specialist.md"
+    edited = team / "agents" / "specialist-disk.md"
     edited.write_text(edited.read_text(encoding="utf-8") + "\nOur runbook first.\n", "utf-8")
     listing = _list(installed.command, team, {**_env(tmp_path), **installed.env})
-    shipped = installed.site / "ongrid_agents" / "disk_specialist.md"
+    shipped = installed.site / "ongrid_agents" / "specialist-disk.md"
     assert listing["warnings"] == [
         {
             "path": str(shipped),
             "reason": "shipped persona 'disk_specialist' is overridden by "
-            "agents/disk_specialist.md; this file is ignored",
+            "agents/specialist-disk.md; this file is ignored",
         }
     ]
     disk_specialist = _by_name(listing)["disk_specialist"]
-    assert disk_specialist["path"] == "agents/disk_specialist.md"
+    assert disk_specialist["path"] == "agents/specialist-disk.md"
     assert disk_specialist["body"].endswith("Our runbook first.\n")
     assert disk_specialist["shadows"] == "disk"
     others = {n: a for n, a in _by_name(listing).items() if n not in {"disk_specialist"}}
