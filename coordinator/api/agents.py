@@ -76,7 +76,13 @@ def _changed(svc: Services, name: str, notice: str | None = None) -> dict[str, A
     """Tell every worker and API process, then describe the persona as it now stands."""
     version = broadcast_reload(svc.client.redis)
     described = _with_model(_described(svc, name), _fleet(svc))
-    return {**described, "notice": notice, "registry_version": version}
+    snapshot = svc.registry.snapshot()
+    findings = [
+        f.as_dict()
+        for f in lint(snapshot, svc.catalog_for(snapshot), svc.settings)
+        if f.persona == name
+    ]
+    return {**described, "notice": notice, "registry_version": version, "findings": findings}
 
 
 def _persona_from(body: PersonaIn) -> Persona:

@@ -528,17 +528,6 @@ class AgentOut(_AgentFields):  # type: ignore[misc,valid-type]
     )
 
 
-class AgentChange(AgentOut):
-    """A saved user persona, and the registry version the broadcast reload carries."""
-
-    notice: str | None = Field(default=None, description="E.g. which persona it now shadows.")
-    registry_version: int
-
-
-#: Keys of :class:`AgentChange` that the registry sets; a persona body must not carry them.
-RESPONSE_ONLY_FIELDS = frozenset(AgentChange.model_fields) - frozenset(PersonaIn.model_fields)
-
-
 class WarningOut(BaseModel):
     """A load problem (kind ``load``) or a lint finding of a persona (``ongrid agents lint``)."""
 
@@ -551,6 +540,22 @@ class WarningOut(BaseModel):
         default="", description="The tool, pattern, other persona or setting it is about."
     )
     hint: str = Field(default="", description="What to do about it.")
+
+
+class AgentChange(AgentOut):
+    """A saved user persona, and the registry version the broadcast reload carries."""
+
+    notice: str | None = Field(default=None, description="E.g. which persona it now shadows.")
+    registry_version: int
+    findings: list[WarningOut] = Field(
+        default_factory=list,
+        description="What `ongrid agents lint` finds in the saved persona (a tool that is not "
+        "in the catalog, one its own mode keeps out, …): saved anyway, but worth a look.",
+    )
+
+
+#: Keys of :class:`AgentChange` that the registry sets; a persona body must not carry them.
+RESPONSE_ONLY_FIELDS = frozenset(AgentChange.model_fields) - frozenset(PersonaIn.model_fields)
 
 
 class ReloadOut(BaseModel):

@@ -1163,3 +1163,14 @@ def test_custom_personas_under_both_paths_and_json_sent_as_curl_sends_it(api: Ap
     assert client.delete("/v1/agents/custom/bare_made").status_code == 204
     paths = api.client().get("/openapi.json").json()["paths"]
     assert "/api/v1/agents/custom" in paths and "/v1/agents/custom" not in paths
+
+
+def test_a_saved_persona_comes_back_with_its_lint_findings(api: Api):
+    client = api.client()
+    typo = _persona("edge_reader", tools=["get_edge_sumary"])
+    created = client.post("/api/v1/agents/custom", json=typo)
+    assert created.status_code == 201
+    (finding,) = [f for f in created.json()["findings"] if f["kind"] == "unknown_tool"]
+    assert finding["persona"] == "edge_reader" and finding["subject"] == "get_edge_sumary"
+    fixed = client.patch("/api/v1/agents/custom/edge_reader", json={"tools": ["host_probe"]})
+    assert [f for f in fixed.json()["findings"] if f["kind"] == "unknown_tool"] == []

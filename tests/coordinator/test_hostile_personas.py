@@ -221,12 +221,13 @@ def test_request_and_response_fields_are_the_personas():
     response_only = {
         "unknown_fields", "source", "path", "plugin", "available", "unavailable_reason",
         "shadows", "editable", "read_only_reason", "resolved_model", "model_problem",
-        "model_checked_by", "notice", "registry_version",
+        "model_checked_by", "notice", "registry_version", "findings",
     }  # fmt: skip
     assert response_only == RESPONSE_ONLY_FIELDS
     assert set(AgentChange.model_fields) - set(AgentOut.model_fields) == {
         "notice",
         "registry_version",
+        "findings",
     }
 
 
