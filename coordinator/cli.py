@@ -260,12 +260,20 @@ class _CannotLint(click.ClickException):
 
 
 def _print_findings(findings: list[Any]) -> None:
-    """One line per finding, under a heading per persona (or per file that did not load)."""
+    """One line per finding, under a heading per persona (or per file that did not load); the
+    settings unset on this host come last, one line per setting with the personas it leaves
+    short, so that a fresh install's list of them does not bury the problems of the files."""
     from rich.markup import escape
 
+    from registry.lint import FindingKind
+
     groups: dict[tuple[str, str, str], list[Any]] = {}
+    unset: dict[str, list[Any]] = {}
     for f in findings:
-        groups.setdefault((f.persona, f.source, f.path), []).append(f)
+        if f.kind is FindingKind.MISSING_CONFIG:
+            unset.setdefault(f.subject, []).append(f)
+        else:
+            groups.setdefault((f.persona, f.source, f.path), []).append(f)
     for (persona, source, path), items in groups.items():
         title = (
             f"[bold]{escape(persona)}[/] ({escape(source)}, {escape(path)})"
@@ -276,6 +284,21 @@ def _print_findings(findings: list[Any]) -> None:
         for f in items:
             hint = f" [dim]→ {escape(f.hint)}[/]" if f.hint else ""
             _out.print(f"  [yellow]{f.kind.value}[/] {escape(f.reason)}{hint}", markup=True)
+    if unset:
+        _out.print(f"[bold]settings unset here[/] ({len(unset)})", markup=True)
+    for key, items in sorted(unset.items()):
+        tools = sorted({t for f in items for t in _tools_of(f.reason)})
+        personas = ", ".join(sorted({f.persona for f in items}))
+        _out.print(
+            f"  [yellow]missing_config[/] {escape(key)}: {escape(', '.join(tools))} for "
+            f"{escape(personas)} [dim]→ {escape(items[0].hint)}[/]",
+            markup=True,
+        )
+
+
+def _tools_of(reason: str) -> list[str]:
+    """The tools a ``missing_config`` reason names (``a, b need setting …``)."""
+    return [t.strip() for t in reason.split(" need")[0].split(",") if t.strip()]
 
 
 def _lint_summary(findings: list[Any], skipped_config: bool) -> str:

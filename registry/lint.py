@@ -142,7 +142,9 @@ def _where(persona: Persona) -> tuple[str, str]:
 def _model(persona: Persona, problem: str) -> Iterator[_Problem]:
     if problem:
         hint = "a spawn of it fails with this sentence until then"
-        yield FindingKind.MODEL, persona.model or "(organisation default)", problem, hint
+        subject = persona.model or "(organisation default)"
+        # The kind already says "model": the reason starts with the model itself.
+        yield FindingKind.MODEL, subject, problem.removeprefix("model "), hint
 
 
 # -- tool names ------------------------------------------------------------------------------------

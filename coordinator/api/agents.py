@@ -32,7 +32,7 @@ from coordinator.api.schemas import (
 from coordinator.catalog import COORDINATOR
 from coordinator.storage.personas import PersonaBusy, PersonaExists
 from registry.errors import FieldProblem, NotFoundError, PersonaError
-from registry.lint import lint
+from registry.lint import FindingKind, lint
 from registry.parser import dump_persona, parse_persona, read_document
 from registry.persona import Persona, Source
 from workers.fleet import FleetReport, model_view, read_fleet
@@ -137,7 +137,7 @@ def warnings(who: Caller, svc: Svc) -> list[dict[str, str]]:
     """Every load problem (`kind` `load`: the file or database row and why it was not loaded),
     then the lint findings of each persona, as `ongrid agents lint` reports them for every role:
     `missing_config` names settings unset on this API process; `model`, a model the live
-    workers cannot use (what to set)."""
+    workers cannot use (what to set). The `missing_config` findings come last."""
     snapshot = svc.snapshot()
     reports = _fleet(svc)
     problems = {
@@ -146,6 +146,8 @@ def warnings(who: Caller, svc: Svc) -> list[dict[str, str]]:
         if (view := model_view(reports, name)).problem
     }
     findings = lint(snapshot, svc.catalog_for(snapshot), svc.settings, model_problems=problems)
+    # Settings unset on this process last: a fresh install's many must not bury real problems.
+    findings.sort(key=lambda f: f.kind is FindingKind.MISSING_CONFIG)
     return [f.as_dict() for f in findings]
 
 

@@ -1131,7 +1131,7 @@ def test_agents_show_the_model_the_workers_resolve_and_its_problem(
     assert (finding["persona"], finding["subject"], finding["reason"]) == (
         "glm_fan",
         "zhipu/glm-4.7",
-        problem,
+        problem.removeprefix("model "),
     )
     # A second worker that has the key: the problem is said to be the first one's.
     FleetReporter(redis_db, "w2", lambda: report("w2", {})).report_now()

@@ -243,11 +243,12 @@ def test_lint_human_output_groups_by_persona_and_names_unset_settings(runner, tm
     result = _lint(runner, agents, "--role", "admin", env=env)
     assert result.exit_code == 1
     lines = result.output.splitlines()
-    # The builtin generalist inherits query_promql; timid lists a write tool it may not run.
-    assert lines[0] == "generalist (builtin, builtin:generalist)"
-    assert lines[1].startswith("  missing_config query_promql needs setting prometheus_url")
-    assert lines[2] == f"timid (disk, {agents / 'timid.md'})"
-    assert lines[3].startswith("  dropped_tool tools lists 'host_restart_service', of class write")
+    # timid lists a write tool it may not run; the builtin generalist inherits query_promql,
+    # whose setting is unset here: said last, per setting, not per persona.
+    assert lines[0] == f"timid (disk, {agents / 'timid.md'})"
+    assert lines[1].startswith("  dropped_tool tools lists 'host_restart_service', of class write")
+    assert lines[2] == "settings unset here (1)"
+    assert lines[3].startswith("  missing_config prometheus_url: query_promql for generalist → set")
     assert lines[-1] == (
         "2 finding(s) in 2 persona(s); 1 of them come from settings unset here (PROMETHEUS_URL), "
         "not from the persona files: --skip-config leaves them out"
