@@ -23,6 +23,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
+from workers.channels import scoped
 from workers.events import EventBus, Outgoing, SessionKeys
 from workers.messages import ApprovalDecided, ConfirmationRequired
 from workers.spawns import SpawnRecord
@@ -49,7 +50,10 @@ class ApprovalFeed(EventBus):
     def keys(self, session_id: str) -> SessionKeys:
         p = self.prefix
         return SessionKeys(
-            stream=f"{p}events", seq=f"{p}seq", dedup=f"{p}dedup:{session_id}", channel=f"{p}live"
+            stream=f"{p}events",
+            seq=f"{p}seq",
+            dedup=f"{p}dedup:{session_id}",
+            channel=scoped(self._client, p, "live"),
         )
 
     @property

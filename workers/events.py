@@ -6,7 +6,8 @@ Keys per session (``prefix`` defaults to ``ongrid:``):
   field ``event``; bounded by ``maxlen`` (approximate trimming) and a TTL refreshed on each publish.
 * ``{prefix}seq:{session_id}`` — the counter that hands out ``seq`` 1, 2, 3, … for the session.
 * ``{prefix}dedup:{session_id}`` — a hash a resumed spawn uses to avoid publishing an event twice.
-* ``{prefix}live:{session_id}`` — a pub/sub channel carrying the same JSON as the stream.
+* ``{prefix}db{N}:live:{session_id}`` — a pub/sub channel carrying the same JSON as the stream
+  (channels are global to the server: the database number keeps stacks on others apart).
 
 Publishing is one Lua script, so an event is numbered, stored and announced atomically. A subscriber
 listens on the channel first, then reads the stream after the last ``seq`` it has, then follows the
@@ -43,6 +44,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from registry.errors import UserError
+from workers.channels import scoped
 from workers.messages import EVENT_ADAPTER, Event
 
 __all__ = ["GAP", "EventBus", "Gap", "Outgoing", "Published", "SessionKeys", "SharedLive"]
@@ -214,7 +216,7 @@ class EventBus:
             stream=f"{p}events:{session_id}",
             seq=f"{p}seq:{session_id}",
             dedup=f"{p}dedup:{session_id}",
-            channel=f"{p}live:{session_id}",
+            channel=scoped(self._client, p, f"live:{session_id}"),
         )
 
     # --- writing ------------------------------------------------------------------------------

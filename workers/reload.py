@@ -15,19 +15,27 @@ from typing import cast
 import redis
 
 from registry.agent_registry import AgentRegistry, Snapshot
+from workers.channels import scoped
 
 __all__ = ["RegistryFollower", "broadcast_reload", "cluster_version"]
 
 log = logging.getLogger(__name__)
 
 
-def _keys(prefix: str) -> tuple[str, str]:
-    return f"{prefix}registry:version", f"{prefix}registry:reload"
+def _keys(client: redis.Redis, prefix: str) -> tuple[str, str]:
+    """The version key and the reload channel (scoped to the client's database: a stack on
+    another database of the same server does not hear it)."""
+    return f"{prefix}registry:version", scoped(client, prefix, "registry:reload")
+
+
+def reload_channel(client: redis.Redis, prefix: str = "ongrid:") -> str:
+    """The channel reloads are announced on, for ``client``'s database."""
+    return _keys(client, prefix)[1]
 
 
 def broadcast_reload(client: redis.Redis, prefix: str = "ongrid:") -> int:
     """Bump the registry version and tell every live process. Returns the new version."""
-    version_key, channel = _keys(prefix)
+    version_key, channel = _keys(client, prefix)
     version = int(cast(int, client.incr(version_key)))
     client.publish(channel, str(version))
     return version
@@ -35,7 +43,7 @@ def broadcast_reload(client: redis.Redis, prefix: str = "ongrid:") -> int:
 
 def cluster_version(client: redis.Redis, prefix: str = "ongrid:") -> int:
     """The cluster's registry version (0 before the first reload)."""
-    return int(cast(bytes | None, client.get(_keys(prefix)[0])) or 0)
+    return int(cast(bytes | None, client.get(_keys(client, prefix)[0])) or 0)
 
 
 class RegistryFollower:
@@ -56,7 +64,7 @@ class RegistryFollower:
         self.r = client
         self.registry = registry
         self.prefix = prefix
-        self.version_key, self.channel = _keys(prefix)
+        self.version_key, self.channel = _keys(client, prefix)
         self.seen = self._current() if seen is None else seen
         self._lock = threading.Lock()
         #: Called with each snapshot a reload of this follower built (the worker restarts its

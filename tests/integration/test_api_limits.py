@@ -277,7 +277,7 @@ def test_a_thousand_streams_leave_the_api_answering_others(site: Cluster) -> Non
         assert soft_files_limit(pid) > SOFT_FILES  # raised to the hard limit at start
         wait_for(lambda: "open files limit: " in api.proc.log(), DEADLINE, "the limit logged")
         sessions = {user: turn(api.client(user), "/api/v1/chat", CHAT) for user in WATCHERS}
-        channels = [f"ongrid:live:{session_id}" for session_id, _ in sessions.values()]
+        channels = [site.client.bus.keys(session_id).channel for session_id, _ in sessions.values()]
         files_before = open_files(pid)
         alice = api.client("alice")
 

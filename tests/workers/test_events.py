@@ -21,6 +21,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from registry.errors import UserError
+from workers.channels import database_of
 from workers.events import EventBus, SessionKeys
 from workers.messages import AgentTile, TaskNotification, TextDelta
 
@@ -246,7 +247,7 @@ def test_key_layout(bus: EventBus, prefix: str) -> None:
         stream=f"{prefix}events:s1",
         seq=f"{prefix}seq:s1",
         dedup=f"{prefix}dedup:s1",
-        channel=f"{prefix}live:s1",
+        channel=f"{prefix}db{database_of(bus._client)}:live:s1",
     )
 
 
