@@ -19,7 +19,7 @@ import builtins
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -175,12 +175,18 @@ def read_only_reason(persona: Persona, *, shipped: bool = False) -> str | None:
     )
 
 
-def load_directory(directory: Path) -> tuple[list[Persona], list[LoadWarning]]:
-    """Load every ``*.md`` directly in ``directory``, in name order. Never raises for a file."""
+def load_directory(
+    directory: Path,
+    *,
+    only: Collection[str] | None = None,
+    skip: Collection[str] = (),
+) -> tuple[list[Persona], list[LoadWarning]]:
+    """Load every ``*.md`` directly in ``directory`` (of those named in ``only``, when given;
+    but those named in ``skip``), in name order. Never raises for a file."""
     personas: list[Persona] = []
     warnings: list[LoadWarning] = []
     for path in sorted(directory.glob("*.md")):
-        if not path.is_file():
+        if not path.is_file() or path.name in skip or (only is not None and path.name not in only):
             continue
         try:
             parsed = load_persona_file(path)
@@ -283,6 +289,7 @@ class AgentRegistry:
         gate: Gate | None = None,
         optional_dirs: Iterable[Path] = (),
         shipped_dir: Path | None = None,
+        shipped_files: Collection[str] | None = None,
         notes: Iterable[LoadWarning] = (),
         bundles: Callable[[], BundleLayer] | None = None,
     ) -> None:
@@ -290,7 +297,11 @@ class AgentRegistry:
         marketplace root); any other missing directory is a warning.
 
         ``shipped_dir`` holds the personas installed with the package: read before
-        ``disk_dirs``, whose files override a shipped persona of the same name. ``notes`` are
+        ``disk_dirs``, whose files override a shipped persona of the same name. Only the files
+        named in ``shipped_files`` (all when ``None``) are shipped: in an editable install the
+        directory is the checkout's ``agents/``, where a person may drop files of their own,
+        which are then theirs (a disk persona when that folder is also ``./agents``), not the
+        package's. ``notes`` are
         load problems found before the registry was built, repeated in every snapshot.
         ``bundles`` reads the installed plugins at every reload (their personas are named
         ``<plugin>:<agent>``, so they collide with nothing else).
@@ -298,6 +309,7 @@ class AgentRegistry:
         self._dirs = list(disk_dirs)
         self._optional = {Path(d) for d in optional_dirs}
         self._shipped_dir = shipped_dir
+        self._shipped_files = None if shipped_files is None else frozenset(shipped_files)
         self._notes = tuple(notes)
         self._store = user_store if user_store is not None else InMemoryUserStore()
         self._gate = gate
@@ -393,6 +405,7 @@ class AgentRegistry:
         if self._shipped_dir is not None:
             roots.insert(0, (Path(self._shipped_dir), True))
         read: set[Path] = set()
+        shipped_real = Path(self._shipped_dir).resolve() if self._shipped_dir is not None else None
         for directory, shipped in roots:
             if not directory.is_dir():
                 if shipped:
@@ -407,12 +420,18 @@ class AgentRegistry:
                     warnings.append(LoadWarning(str(directory), "agents directory does not exist"))
                 continue
             # One directory reached twice (./agents of the checkout is the shipped root of an
-            # editable install; a root listed twice) is read once.
+            # editable install; a root listed twice) is read once: the shipped files as shipped,
+            # the others (a person's own, dropped beside them) as the disk root's.
             real = directory.resolve()
-            if real in read:
-                continue
+            if shipped:
+                found, problems = load_directory(directory, only=self._shipped_files)
+            elif real in read:
+                if real != shipped_real or self._shipped_files is None:
+                    continue
+                found, problems = load_directory(directory, skip=self._shipped_files)
+            else:
+                found, problems = load_directory(directory)
             read.add(real)
-            found, problems = load_directory(directory)
             loaded.extend((persona, shipped) for persona in found)
             warnings.extend(problems)
         return _settle_disk(loaded, warnings)

@@ -11,11 +11,29 @@ from registry.gates import check_availability
 from registry.persona import Persona
 from registry.settings import DEFAULT_MARKETPLACE_ROOT, Settings
 
-__all__ = ["BUILTIN_PERSONAS", "SHIPPED_AGENTS_PACKAGE", "build_registry", "shipped_agents_dir"]
+__all__ = [
+    "BUILTIN_PERSONAS",
+    "SHIPPED_AGENTS_PACKAGE",
+    "SHIPPED_PERSONA_FILES",
+    "build_registry",
+    "shipped_agents_dir",
+]
 
 #: The package the repository's top-level ``agents/`` folder is installed as (pyproject.toml
 #: maps it), so the shipped personas are found wherever the runtime starts.
 SHIPPED_AGENTS_PACKAGE = "ongrid_agents"
+#: The personas shipped with the package: the files of the repository's ``agents/``. Named, so
+#: that a file a person drops beside them in a checkout is never taken for one of them.
+SHIPPED_PERSONA_FILES = frozenset(
+    {
+        "change_reviewer.md",
+        "incident_investigator.md",
+        "reviewer.md",
+        "specialist-clickhouse.md",
+        "specialist-disk.md",
+        "specialist-ops.md",
+    }
+)
 
 #: Personas registered in code. They cannot be deleted; a user persona of the same name overrides.
 BUILTIN_PERSONAS: tuple[Persona, ...] = (
@@ -117,6 +135,7 @@ def build_registry(
         gate=lambda p: check_availability(p, has_config=settings.has_config),
         optional_dirs=optional,
         shipped_dir=shipped,
+        shipped_files=SHIPPED_PERSONA_FILES,
         notes=notes,
         bundles=lambda: _read_bundles(settings, plugins),
     )

@@ -911,7 +911,7 @@ def test_sse_reconnect_with_last_event_id_misses_and_repeats_nothing(
                 break
     turn.join(timeout=60)
     # Each dropped connection ended its subscription (and only that: the turn ran to the end).
-    channel = api.services.client.bus.keys(session_id).channel
+    channel = spawning.services.client.bus.keys(session_id).channel
     wait_for(
         lambda: dict(cluster.redis.pubsub_numsub(channel))[channel.encode()] == 0,
         10,

@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
+from registry.defaults import SHIPPED_PERSONA_FILES
+
 REPO = Path(__file__).resolve().parents[2]
 ONGRID = Path(sys.executable).with_name("ongrid")
-SHIPPED = sorted(p.name for p in (REPO / "agents").glob("*.md"))
+SHIPPED = sorted(SHIPPED_PERSONA_FILES)
 #: The folders of the importable packages, whose every file a wheel must carry.
 PACKAGE_FOLDERS = ("registry", "workers", "coordinator", "marketplace")
 #: A liveness bound only: a build or a CLI start on a loaded 2-core machine takes seconds.
@@ -67,6 +69,31 @@ def _by_name(listing: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {agent["name"]: agent for agent in listing["agents"]}
 
 
+def _without_own_files(listing: dict[str, Any]) -> dict[str, Any]:
+    """``listing`` without what comes from files a person dropped into the checkout's agents/
+    (theirs, loaded as disk personas when run from the checkout): the suite reads only what it
+    made and what ships."""
+
+    def own(path: str | None) -> bool:
+        return (
+            bool(path)
+            and Path(str(path)).parent.name == "agents"
+            and (Path(str(path)).name not in SHIPPED)
+        )
+
+    return {
+        **listing,
+        "agents": [a for a in listing["agents"] if not own(a["path"])],
+        "warnings": [w for w in listing["warnings"] if not own(w["path"])],
+    }
+
+
+def _shipped_files(listing: dict[str, Any]) -> list[str]:
+    """The file names of the listed personas that come from a shipped file."""
+    names = [Path(a["path"]).name for a in listing["agents"] if a["path"]]
+    return [n for n in names if n in SHIPPED]
+
+
 def _assert_shipped_and_generalist(listing: dict[str, Any], root: Path) -> None:
     agents = _by_name(listing)
     assert agents.pop("generalist")["source"] == "builtin"
@@ -101,9 +128,9 @@ def test_the_console_script_lists_the_shipped_personas_from_an_empty_directory(
 def test_the_console_script_run_from_the_checkout_warns_about_nothing(
     tmp_path: Path, console_script: Path
 ) -> None:
-    listing = _list([str(console_script)], REPO, _env(tmp_path))
+    listing = _without_own_files(_list([str(console_script)], REPO, _env(tmp_path)))
     assert listing["warnings"] == []
-    assert len(listing["agents"]) == len(SHIPPED) + 1
+    assert sorted(_shipped_files(listing)) == SHIPPED  # each once
 
 
 def test_the_switch_turns_the_shipped_personas_off(tmp_path: Path, console_script: Path) -> None:
@@ -127,8 +154,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for folder in (*PACKAGE_FOLDERS, "agents"):
+    for folder in PACKAGE_FOLDERS:
         shutil.copytree(REPO / folder, src / folder, ignore=skip)
+    (src / "agents").mkdir()
+    for name in SHIPPED:  # a person's own files in the checkout's agents/ are not shipped
+        shutil.copy2(REPO / "agents" / name, src / "agents" / name)
     out = root / "dist"
     _run(
         [*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(out), str(src)]
@@ -210,6 +240,7 @@ def test_the_installed_wheel_run_from_the_checkout_loads_the_identical_copies_on
     # ./agents of the checkout is another directory than the installed package, with files
     # byte-identical to it: they are the same personas, not duplicates.
     listing = _list(installed.command, REPO, {**_env(tmp_path), **installed.env})
+    listing = _without_own_files(listing)
     assert listing["warnings"] == []
     _assert_shipped_and_generalist(listing, installed.site / "ongrid_agents")
 
@@ -218,7 +249,9 @@ def test_a_team_file_of_a_shipped_name_overrides_it_with_one_warning(
     tmp_path: Path, installed: Installed
 ) -> None:
     team = tmp_path / "team"
-    shutil.copytree(REPO / "agents", team / "agents")
+    (team / "agents").mkdir(parents=True)
+    for name in SHIPPED:
+        shutil.copy2(REPO / "agents" / name, team / "agents" / name)
     edited = team / "agents" / "specialist-disk.md"
     edited.write_text(edited.read_text(encoding="utf-8") + "\nOur runbook first.\n", "utf-8")
     listing = _list(installed.command, team, {**_env(tmp_path), **installed.env})

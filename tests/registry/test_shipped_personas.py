@@ -7,6 +7,8 @@ that the installed package provides, from a working directory that is not the ch
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from registry.settings import Settings
 PersonaWriter = Callable[..., Path]
 
 CHECKOUT_AGENTS = Path(__file__).resolve().parents[2] / "agents"
-SHIPPED = sorted(p.name for p in CHECKOUT_AGENTS.glob("*.md"))
+SHIPPED = sorted(defaults.SHIPPED_PERSONA_FILES)
 
 
 def _settings(tmp_path: Path, **fields: object) -> Settings:
@@ -45,7 +47,7 @@ def test_the_shipped_root_is_found_from_any_working_directory(
     found = shipped_agents_dir()
     assert found is not None, "the package ongrid_agents is not installed: pip install -e ."
     assert found.is_absolute() and tmp_path not in found.parents
-    assert sorted(p.name for p in found.glob("*.md")) == SHIPPED
+    assert set(SHIPPED) <= {p.name for p in found.glob("*.md")}
     for name in SHIPPED:  # an editable install points at the checkout, a wheel holds copies
         assert (found / name).read_bytes() == (CHECKOUT_AGENTS / name).read_bytes(), name
 
@@ -67,8 +69,10 @@ def test_the_checkout_as_working_directory_loads_each_file_once(
 ) -> None:
     monkeypatch.chdir(CHECKOUT_AGENTS.parent)
     snap = build_registry(_settings(tmp_path)).snapshot()
-    assert snap.warnings == ()
-    assert len(snap.names()) == len(SHIPPED) + len(BUILTIN_PERSONAS)
+    # A person's own files dropped into the checkout's agents/ load (or warn) as theirs.
+    assert not [w for w in snap.warnings if Path(w.path).name in SHIPPED]
+    from_files = [Path(str(snap.get(n).path)).name for n in snap.names() if snap.get(n).path]
+    assert sorted(f for f in from_files if f in SHIPPED) == SHIPPED  # each once
 
 
 def test_the_switch_leaves_the_shipped_personas_out(
@@ -283,3 +287,54 @@ def test_shipped_personas_are_read_only_and_a_user_persona_overrides_them(
     assert dict(registry.snapshot().shadowed) == {"triage": Source.DISK}
     registry.delete("triage")
     assert registry.get("triage").body == "Shipped.\n"
+
+
+# -- files dropped beside the shipped ones --------------------------------------------------
+
+
+MINE = """---
+name: my_own
+description: Mine.
+when_to_use: When mine fits.
+---
+Mine.
+"""
+
+
+def test_the_list_is_the_repositorys_agents_folder() -> None:
+    if (CHECKOUT_AGENTS.parent / ".git").exists():
+        tracked = subprocess.run(
+            ["git", "ls-files", "agents"],
+            cwd=CHECKOUT_AGENTS.parent,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        names = {Path(t).name for t in tracked if t.endswith(".md")}
+    else:  # an unpacked source tree: whatever it holds
+        names = {p.name for p in (CHECKOUT_AGENTS.parent / "agents").glob("*.md")}
+    assert names == defaults.SHIPPED_PERSONA_FILES
+
+
+def test_a_file_dropped_beside_the_shipped_ones_is_the_persons_own(tmp_path: Path) -> None:
+    checkout = tmp_path / "agents"
+    shutil.copytree(CHECKOUT_AGENTS.parent / "agents", checkout)
+    (checkout / "my-own.md").write_text(MINE)
+    (checkout / "notes.md").write_text("not a persona\n")
+
+    # Not run from the checkout: only the shipped files load, nothing else is seen.
+    elsewhere = AgentRegistry(
+        [], shipped_dir=checkout, shipped_files=defaults.SHIPPED_PERSONA_FILES
+    ).reload()
+    assert "my_own" not in elsewhere.personas and elsewhere.warnings == ()
+    assert "disk_specialist" in elsewhere.personas
+
+    # Run from the checkout (its agents/ is ./agents too): the dropped file is a disk persona
+    # of the person's, editable as such; the shipped ones stay shipped.
+    inside = AgentRegistry(
+        [checkout], shipped_dir=checkout, shipped_files=defaults.SHIPPED_PERSONA_FILES
+    ).reload()
+    assert inside.personas["my_own"].source is Source.DISK
+    assert "shipped" not in (inside.read_only.get("my_own") or "")
+    assert "shipped with the runtime" in (inside.read_only.get("disk_specialist") or "")
+    assert [w.path for w in inside.warnings] == [str(checkout / "notes.md")]
