@@ -73,17 +73,19 @@ def _tokens(text: str) -> set[str]:
 
 
 def route(question: str, system_prompt: str) -> tuple[str, str] | None:
-    """(persona, matching words) of the catalog line sharing most words with ``question``."""
+    """(persona, why) of the catalog line sharing most words with ``question``: the reason a
+    person reads on the tile, naming the words that matched."""
     wanted = _tokens(question)
     best: tuple[int, str, str] | None = None
     for name, text in _CATALOG_LINE.findall(system_prompt):
         shared = wanted & _tokens(f"{name.replace('_', ' ').replace('-', ' ')} {text}")
         if shared and (best is None or len(shared) > best[0]):
-            best = (len(shared), name, ", ".join(sorted(shared)))
+            best = (len(shared), name, ", ".join(f"“{w}”" for w in sorted(shared)))
     if best is None:
         fallback = "generalist" if "- `generalist`" in system_prompt else None
-        return (fallback, "no trigger matched") if fallback else None
-    return best[1], best[2]
+        return (fallback, "no specialist's trigger matched the question") if fallback else None
+    words = "word" if best[0] == 1 else "words"
+    return best[1], f"the question's {words} {best[2]} match its trigger"
 
 
 def _question(request: ModelRequest) -> str:

@@ -683,7 +683,7 @@ class WorkerRuntime:
                 persona=persona.name,
                 description=persona.description,
                 tools=[e.describe() for e in bag],
-                reason=record.reason or persona.catalog_hint,
+                reason=record.reason,  # the coordinator's own words, or nothing
                 background=persona.background,
                 missing_context=opening.missing,
                 parent_spawn_id=record.parent_spawn_id,

@@ -65,7 +65,16 @@ def test_demo_routing_follows_the_triggers(tmp_path):
     )
     assert route("The disk on web-3 is full, no space left", body)[0] == "disk_specialist"
     assert route("Is the ClickHouse replica lagging?", body)[0] == "specialist-clickhouse"
-    assert route("hello there", body) == ("generalist", "no trigger matched")
+    assert route("hello there", body) == (
+        "generalist",
+        "no specialist's trigger matched the question",
+    )
+    _, why = route("The disk on web-3 is full, no space left", body)
+    assert (
+        why.startswith("the question's words ")
+        and "“full”" in why
+        and why.endswith("match its trigger")
+    )
 
 
 def test_the_rendered_prompt_is_logged_at_debug_level(tmp_path, caplog):

@@ -102,6 +102,7 @@ def test_a_routed_question_shows_its_specialist_and_an_approved_call_completes_i
     expect(fixer).to_contain_text("fixer")
     expect(fixer).to_contain_text(PERSONAS["fixer"]["description"])
     expect(fixer.get_by_test_id("tile-reason")).to_contain_text(ROUTE_REASON)
+    expect(fixer.get_by_test_id("tile-model")).to_contain_text("gpt-4o-mini")
     tools = fixer.get_by_test_id("tile-tools").locator("li")
     expect(tools).to_have_count(1)
     expect(tools.first).to_contain_text("restart_thing")

@@ -41,6 +41,10 @@ export interface SpawnView {
   background: boolean;
   parent: string;
   missingContext: string[];
+  model: string;
+  modelNote: string;
+  /** The last notice that no worker consumes the spawn's queue, until it runs again. */
+  waiting: string;
   firstSeq: number;
   text: string;
   calls: Map<string, CallView>;
@@ -81,6 +85,9 @@ function blank(spawnId: string): SpawnView {
     background: false,
     parent: "",
     missingContext: [],
+    model: "",
+    modelNote: "",
+    waiting: "",
     firstSeq: 0,
     text: "",
     calls: new Map(),
@@ -144,7 +151,11 @@ export class SessionState {
       case "agent_tile":
         this.tile(spawn, event);
         break;
+      case "queue_waiting":
+        spawn.waiting = event.message;
+        break;
       case "text":
+        spawn.waiting = "";
         spawn.text += event.text;
         break;
       case "tool_call":
@@ -197,6 +208,7 @@ export class SessionState {
         break;
       }
       case "task_notification":
+        spawn.waiting = "";
         spawn.notification = event;
         spawn.usage = event.usage;
         if (!spawn.persona) spawn.persona = event.persona;
@@ -218,6 +230,8 @@ export class SessionState {
     spawn.background = event.background;
     spawn.parent = event.parent_spawn_id ?? "";
     spawn.missingContext = event.missing_context;
+    spawn.model = event.model ?? "";
+    spawn.modelNote = event.model_note ?? "";
     spawn.firstSeq = event.seq;
   }
 

@@ -78,6 +78,10 @@ export interface AgentTileEvent extends Envelope {
   background: boolean;
   missing_context: string[];
   parent_spawn_id?: string;
+  /** The model the spawn runs on; ``ongrid/demo`` is the offline demo model. */
+  model?: string;
+  /** Set when the model is the demo: it is no LLM, and what to configure for a real one. */
+  model_note?: string;
 }
 export interface ToolCallEvent extends Envelope {
   type: "tool_call";
@@ -124,7 +128,16 @@ export interface TaskNotificationEvent extends Envelope {
   budget_reached: string | null;
 }
 
+export interface QueueWaitingEvent extends Envelope {
+  type: "queue_waiting";
+  queue: string;
+  waited_seconds: number;
+  fails_in_seconds: number | null;
+  message: string;
+}
+
 export type SessionEvent =
+  | QueueWaitingEvent
   | TextEvent
   | AgentTileEvent
   | ToolCallEvent

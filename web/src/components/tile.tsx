@@ -136,6 +136,18 @@ function TileView({ spawn, sessionId, onOpen, showApprovals = true, compact = fa
           {spawn.tools.length === 0 && <li class="muted">no tools</li>}
         </ul>
       )}
+      {spawn.model && (
+        <p class="tile-model" data-testid="tile-model">
+          <span class="muted">Model: </span>
+          <code>{spawn.model}</code>
+          {spawn.modelNote && <span class="muted"> — {spawn.modelNote}</span>}
+        </p>
+      )}
+      {spawn.waiting && !spawn.notification && (
+        <p class="warning" data-testid="tile-waiting">
+          {spawn.waiting}
+        </p>
+      )}
       {spawn.missingContext.length > 0 && (
         <p class="warning">Context it lacked: {spawn.missingContext.join(", ")}</p>
       )}
