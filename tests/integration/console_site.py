@@ -94,6 +94,19 @@ STREAMED_ANSWER = (
     "eleven minutes later without any lost transactions."
 )
 
+#: A question whose answer is Markdown, with what a model must never get to run or load.
+MARKDOWN = "Summarise the db8 incident as a report."
+MARKDOWN_ANSWER = (
+    "## db8 incident\n\n"
+    "- **cause**: `/var` full\n"
+    "- fix: rotate logs\n\n"
+    "| host | use |\n|---|---|\n| db8 | 100% |\n\n"
+    "```\ndf -h /var\n```\n\n"
+    "See [the runbook](https://runbooks.example/rb-17).\n\n"
+    '<script>window.__pwned = true</script><b onclick="window.__pwned = true">raw</b>\n\n'
+    "![tracker](https://tracker.example/pixel.png)"
+)
+
 PERSONAS: dict[str, dict[str, Any]] = {
     "fixer": {
         "description": "Restarts stuck services once a person approves.",
@@ -131,6 +144,7 @@ def _rules() -> list[dict[str, Any]]:
         call("restart_thing", {"thing": "cache"}, match=VIEWER_TASK, turn=0),
         final("Restarted the cache.", match=VIEWER_TASK, turn=1),
         final(OPS_ANSWER, match=OPS_QUESTION),
+        final(MARKDOWN_ANSWER, match=MARKDOWN),
         final("The lag on db7 settled.", match=LONG_WATCH, hold=LONG_HOLD),
         final(STREAMED_ANSWER, match=STREAMED),  # before the warm-up: a follow-up may quote it
         final(WARM_UP_ANSWER, match=WARM_UP),

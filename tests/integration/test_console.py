@@ -20,6 +20,7 @@ from console_site import (
     FIXED,
     LONG_HOLD,
     LONG_WATCH,
+    MARKDOWN,
     NIGHTLY,
     NIGHTLY_DONE,
     OPS_ANSWER,
@@ -465,3 +466,20 @@ def test_a_session_of_a_thousand_events_renders_every_tool_call(console: Console
         probes
     )
     print(f"{events} events: the session and its transcript rendered in {rendered:.1f} s")
+
+
+def test_an_answer_in_markdown_is_rendered_and_sanitised(console: ConsoleSite):
+    page = console.visit("alice")
+    ask(page, MARKDOWN, agent="probe")
+    prose = last_prose(page)
+    expect(prose.locator("h2")).to_have_text("db8 incident")
+    expect(prose.locator("li")).to_have_count(2)
+    expect(prose.locator("table td").first).to_have_text("db8")
+    expect(prose.locator("pre code")).to_contain_text("df -h /var")
+    link = prose.locator("a")
+    expect(link).to_have_attribute("rel", "noopener noreferrer")
+    # Raw HTML is text, never markup; an image the model points at is not loaded.
+    expect(prose).to_contain_text("<script>window.__pwned = true</script>")
+    assert prose.locator("script").count() == 0 and prose.locator("b").count() == 0
+    assert prose.locator("img").count() == 0
+    assert page.evaluate("window.__pwned") is None

@@ -17,6 +17,8 @@ export interface TileProps {
   /** Approval cards inside the tile (the background panel shows its own). */
   showApprovals?: boolean;
   compact?: boolean;
+  /** Its answer is repeated, whole, in the coordinator's reply below the tiles: not shown twice. */
+  relayed?: boolean;
 }
 
 export function CancelButton({ spawn, sessionId }: { spawn: SpawnView; sessionId: string }) {
@@ -101,7 +103,14 @@ function Activity({ spawn }: { spawn: SpawnView }) {
   );
 }
 
-function TileView({ spawn, sessionId, onOpen, showApprovals = true, compact = false }: TileProps) {
+function TileView({
+  spawn,
+  sessionId,
+  onOpen,
+  showApprovals = true,
+  compact = false,
+  relayed = false,
+}: TileProps) {
   const status = statusOf(spawn);
   const running = status === "running" || status === "waiting" || status === "queued";
   const usage = spawn.usage;
@@ -157,7 +166,11 @@ function TileView({ spawn, sessionId, onOpen, showApprovals = true, compact = fa
       </p>
       {spawn.notification && spawn.notification.message && (
         <div class={`tile-end tile-end-${spawn.notification.status}`} data-testid="tile-notification">
-          <Folded text={spawn.notification.message} lines={4} />
+          {relayed ? (
+            <p class="muted">Its answer is in the reply below.</p>
+          ) : (
+            <Folded text={spawn.notification.message} lines={4} />
+          )}
         </div>
       )}
       {showApprovals && <Pending spawn={spawn} />}
@@ -173,4 +186,8 @@ function TileView({ spawn, sessionId, onOpen, showApprovals = true, compact = fa
 }
 
 /** Re-rendered only when its spawn changed (``rev``) or the approvals list did. */
-export const Tile = memo(TileView, (a, b) => a.spawn === b.spawn && a.rev === b.rev && a.showApprovals === b.showApprovals);
+export const Tile = memo(
+  TileView,
+  (a, b) =>
+    a.spawn === b.spawn && a.rev === b.rev && a.showApprovals === b.showApprovals && a.relayed === b.relayed,
+);

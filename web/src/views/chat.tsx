@@ -1,5 +1,6 @@
 // /chat: the user's sessions, the conversation (each question, the streamed prose, an Agent tile
 // per dispatch), the composer, and the background runs of the session grouped by what they need.
+import { Markdown } from "../components/markdown";
 import { useCallback, useEffect, useMemo, useRef, useState } from "preact/hooks";
 import { ApiError } from "../api";
 import { Pending, CancelButton, Tile } from "../components/tile";
@@ -324,11 +325,12 @@ function Conversation({
                 onOpen={onOpen}
                 showApprovals={!spawn.background}
                 compact={spawn.background}
+                relayed={relays(root, spawn, prose)}
               />
             ))}
             {root && root.persona === COORDINATOR && <Pending spawn={root} />}
-            <div class="prose" data-testid="prose" aria-live="polite">
-              {prose}
+            <div aria-live="polite">
+              <Markdown text={prose} testid="prose" />
             </div>
             {ended && ended.status !== "ok" && (
               <p class="error" data-testid="turn-end">
@@ -347,6 +349,12 @@ function Conversation({
       <div ref={end} />
     </section>
   );
+}
+
+/** Whether the coordinator's reply ``prose`` repeats ``spawn``'s whole answer. */
+function relays(root: SpawnView | undefined, spawn: SpawnView, prose: string): boolean {
+  const answer = spawn.notification?.status === "ok" ? spawn.notification.message.trim() : "";
+  return !!answer && root !== spawn && root?.persona === COORDINATOR && prose.includes(answer);
 }
 
 function BackgroundRuns({ live, sessionId, onOpen }: { live: Live; sessionId: string; onOpen: (s: SpawnView) => void }) {

@@ -1,6 +1,7 @@
 // A spawn's transcript: its messages, each tool call as a card with its folded result, usage per
 // model call, pending approvals, final status. As a dialog over the chat (from a tile) or as a
 // page of its own (/spawns/<id>, e.g. from the approvals list).
+import { Markdown } from "../components/markdown";
 import { useCallback, useEffect, useRef, useState } from "preact/hooks";
 import { useApprovals } from "../approvals";
 import { ApprovalCard } from "../components/approval";
@@ -51,7 +52,12 @@ function MessageView({
   return (
     <div class={`message message-${message.role}`} data-testid="message" data-role={message.role}>
       <div class="message-role">{message.role === "system" ? "system prompt" : message.role}</div>
-      {message.content && <Folded text={message.content} lines={message.role === "system" ? 3 : 40} />}
+      {message.content &&
+        (message.role === "assistant" ? (
+          <Markdown text={message.content} />
+        ) : (
+          <Folded text={message.content} lines={message.role === "system" ? 3 : 40} />
+        ))}
       {message.tool_calls.map((call) => (
         <ToolCard
           key={call.id}
