@@ -126,6 +126,10 @@ def test_a_routed_question_shows_its_specialist_and_an_approved_call_completes_i
 
     expect(last_prose(page), "the coordinator's answer").to_contain_text(ROUTED_ANSWER)
     expect(fixer.get_by_test_id("tile-status")).to_have_text("ok")
+    # The coordinator's reply repeats the fixer's answer whole: said once, in the reply.
+    expect(fixer.get_by_test_id("tile-notification")).to_have_text(
+        "Its answer is in the reply below."
+    )
     console.shoot(page, "chat")
     assert console.cluster.tool_runs() == ["restart_thing"]
     bags = {
