@@ -487,3 +487,6 @@ def test_an_answer_in_markdown_is_rendered_and_sanitised(console: ConsoleSite):
     assert prose.locator("script").count() == 0 and prose.locator("b").count() == 0
     assert prose.locator("img").count() == 0
     assert page.evaluate("window.__pwned") is None
+    # After the answer the composer is still in view, and the session says when it was used.
+    expect(page.get_by_role("form", name="Composer")).to_be_in_viewport()
+    expect(page.get_by_test_id("session-time").first).to_have_text(re.compile(r"\d"))

@@ -159,12 +159,25 @@ function Sessions({ current, rev }: { current?: string; rev: number }) {
             <Link href={`/chat/${encodeURIComponent(s.id)}`} aria-current={s.id === current ? "page" : undefined}>
               {s.title || "(untitled)"}
             </Link>
+            <time class="muted session-time" dateTime={s.updated_at} data-testid="session-time">
+              {when(s.updated_at)}
+            </time>
           </li>
         ))}
         {sessions.length === 0 && !error && <li class="muted">No sessions yet.</li>}
       </ul>
     </aside>
   );
+}
+
+/** A session's last activity as a person reads it: the time today, else the date and time. */
+function when(iso: string): string {
+  const at = new Date(iso);
+  if (Number.isNaN(at.getTime())) return "";
+  const today = new Date().toDateString() === at.toDateString();
+  return today
+    ? at.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : at.toLocaleString([], { dateStyle: "medium", timeStyle: "short" });
 }
 
 interface ContextRow {
