@@ -406,6 +406,7 @@ class AgentRegistry:
             roots.insert(0, (Path(self._shipped_dir), True))
         read: set[Path] = set()
         shipped_real = Path(self._shipped_dir).resolve() if self._shipped_dir is not None else None
+        own_read = False  # the person's own files beside the shipped ones, read once
         for directory, shipped in roots:
             if not directory.is_dir():
                 if shipped:
@@ -426,9 +427,10 @@ class AgentRegistry:
             if shipped:
                 found, problems = load_directory(directory, only=self._shipped_files)
             elif real in read:
-                if real != shipped_real or self._shipped_files is None:
+                if real != shipped_real or self._shipped_files is None or own_read:
                     continue
                 found, problems = load_directory(directory, skip=self._shipped_files)
+                own_read = True
             else:
                 found, problems = load_directory(directory)
             read.add(real)

@@ -147,6 +147,8 @@ export class SessionState {
     this.rev += 1;
     const spawn = this.spawn(event.spawn_id);
     spawn.rev += 1;
+    // Any other event of the spawn means a worker has it again: the notice is over.
+    if (event.type !== "queue_waiting") spawn.waiting = "";
     switch (event.type) {
       case "agent_tile":
         this.tile(spawn, event);
@@ -155,7 +157,6 @@ export class SessionState {
         spawn.waiting = event.message;
         break;
       case "text":
-        spawn.waiting = "";
         spawn.text += event.text;
         break;
       case "tool_call":
@@ -208,7 +209,6 @@ export class SessionState {
         break;
       }
       case "task_notification":
-        spawn.waiting = "";
         spawn.notification = event;
         spawn.usage = event.usage;
         if (!spawn.persona) spawn.persona = event.persona;
