@@ -490,3 +490,24 @@ def test_an_answer_in_markdown_is_rendered_and_sanitised(console: ConsoleSite):
     # After the answer the composer is still in view, and the session says when it was used.
     expect(page.get_by_role("form", name="Composer")).to_be_in_viewport()
     expect(page.get_by_test_id("session-time").first).to_have_text(re.compile(r"\d"))
+
+
+def test_a_saved_persona_with_a_misspelt_tool_says_so_at_once_and_on_its_row(
+    console: ConsoleSite,
+):
+    page = console.visit("alice", "/settings/agents")
+    button(page, "New persona").click()
+    page.get_by_label("Name", exact=True).fill("typo-helper")
+    page.get_by_label("Description", exact=True).fill("Summarises an edge.")
+    page.get_by_label("When to use", exact=True).fill("When an edge needs a summary.")
+    page.get_by_label("Model", exact=True).fill(MODEL)
+    page.get_by_label("Tools", exact=True).fill("get_edge_sumary")
+    button(page, "Save").click()
+
+    status = page.get_by_role("status")
+    expect(status, "the confirmation names the findings").to_contain_text("2 finding(s)")
+    expect(status).to_contain_text("did you mean 'get_edge_summary'?")
+    page.goto("/settings/agents")
+    row = _agent_row(page, "typo-helper")
+    expect(row.get_by_test_id("agent-findings")).to_contain_text("get_edge_sumary")
+    expect(row.get_by_test_id("agent-availability")).not_to_have_class("settings-available")

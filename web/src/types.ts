@@ -260,6 +260,8 @@ export interface Agent {
 
 export interface AgentChange extends Agent {
   notice: string | null;
+  /** What lint finds in the saved persona: saved anyway, but worth a look. */
+  findings?: LoadWarning[];
   registry_version: number;
 }
 

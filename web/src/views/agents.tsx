@@ -135,9 +135,14 @@ export function AgentsPage({ name }: { name?: string }) {
   };
 
   const saved = async (change: AgentChange, created: boolean) => {
-    const said = created ? `Created user persona '${change.name}'.` : `Saved '${change.name}'.`;
+    let said = created ? `Created user persona '${change.name}'.` : `Saved '${change.name}'.`;
+    if (change.notice) said += ` It ${change.notice}.`;
+    const findings = (change.findings ?? []).filter((f) => f.kind !== "missing_config");
+    if (findings.length) {
+      said += ` ${findings.length} finding(s): ${findings.map((f) => f.reason + (f.hint ? ` (${f.hint})` : "")).join("; ")}`;
+    }
     await refresh();
-    announce(change.notice ? `${said} It ${change.notice}.` : said, change.name);
+    announce(said, change.name);
     if (created) navigate(agentRoute(change.name));
   };
 
@@ -175,7 +180,7 @@ export function AgentsPage({ name }: { name?: string }) {
       </p>
       <ErrorNote error={reloadError} />
       <div class={name === undefined ? "settings-layout" : "settings-layout settings-layout-open"}>
-        <AgentList agents={agents} error={listError} selected={name} me={me} />
+        <AgentList agents={agents} error={listError} selected={name} me={me} warnings={warnings} />
         {name !== undefined && (
           <EditorPane
             key={name}
@@ -200,11 +205,14 @@ function AgentList({
   error,
   selected,
   me,
+  warnings,
 }: {
   agents: Agent[] | null;
   error: unknown;
   selected: string | undefined;
   me: Me;
+  /** The lint findings of every persona: a persona with one says so on its row. */
+  warnings: LoadWarning[] | null;
 }) {
   if (error && !agents) return <ErrorNote error={error} />;
   if (!agents) return <p class="settings-list">Loading personas…</p>;
@@ -226,6 +234,9 @@ function AgentList({
         <tbody>
           {agents.map((agent) => {
             const editable = me.permissions.edit_personas && isEditable(agent);
+            // Settings unset on the API's host are said in the warnings; the rest are the file's.
+            const problems = (a: Agent) =>
+              (warnings ?? []).filter((w) => w.persona === a.name && w.kind !== "missing_config");
             return (
               <tr
                 key={agent.name}
@@ -246,10 +257,15 @@ function AgentList({
                 <td>
                   <span
                     data-testid="agent-availability"
-                    class={agent.available ? "settings-available" : "settings-unavailable"}
+                    class={agent.available && !problems(agent).length ? "settings-available" : "settings-unavailable"}
                   >
                     {availability(agent)}
                   </span>
+                  {problems(agent).length > 0 && (
+                    <div class="warning" data-testid="agent-findings">
+                      {problems(agent).map((f) => f.reason).join("; ")}
+                    </div>
+                  )}
                 </td>
                 <td>
                   <Link
