@@ -385,6 +385,8 @@ def resolve_model(
         needs = " and ".join(fallback_ready.missing)
         why += f", and the default provider's {fallback} needs {needs}"
         todo += f" (or {needs})"
+    elif fallback_ready is not None:
+        why += f", and ONGRID_DEFAULT_PROVIDER={default_provider} is no provider litellm knows"
     elif not default_provider:
         also = ", or set" if ready.provider is None else ", or"
         todo += f"{also} ONGRID_DEFAULT_PROVIDER to a provider that is configured"

@@ -179,3 +179,11 @@ def test_model_error_message_names_the_model() -> None:
     error = ModelError("openai/gpt-4o-mini", "rate limited", status=429, retryable=True)
     assert str(error) == "model openai/gpt-4o-mini: rate limited (status 429)"
     assert error.retryable and error.status == 429
+
+
+def test_a_default_provider_litellm_does_not_know_is_named() -> None:
+    chosen = resolve("anthropic/claude-x", "", "opnai", "openai")
+    assert chosen.problem == (
+        "model anthropic/claude-x cannot be used: anthropic needs ANTHROPIC_API_KEY, and "
+        "ONGRID_DEFAULT_PROVIDER=opnai is no provider litellm knows; set ANTHROPIC_API_KEY"
+    )
