@@ -534,6 +534,9 @@ def _print_model(settings: Settings, redis_url: str, out: Console) -> None:
         deadline = time.monotonic() + REPORT_WAIT
         while not (reports := read_fleet(client)) and time.monotonic() < deadline:
             time.sleep(0.1)
+        if not reports:
+            out.print(Text(f"Models: not checked: no worker reported within {REPORT_WAIT:.0f} s"))
+            return
         problems = {n: p for r in reports for n, p in r.model_problems.items()}
     except redis.RedisError as exc:
         out.print(Text(f"Models: not checked: cannot read the workers' reports: {exc}"))
