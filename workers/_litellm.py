@@ -1,7 +1,7 @@
 """The litellm adapter: the only module that imports litellm.
 
 Importing this module touches neither litellm nor the environment; :func:`load` does both, once,
-and every use goes through it (:class:`LitellmModel`, :func:`has_credentials`). litellm fetches
+and every use goes through it (:class:`LitellmModel`, :func:`readiness`). litellm fetches
 its model cost map from the internet at import unless ``LITELLM_LOCAL_MODEL_COST_MAP`` is set, so
 :func:`load` sets it first and the runtime works air-gapped. Provider keys come from a
 :class:`~workers.hardening.ProviderCredentials` (a worker takes them out of ``os.environ`` at
@@ -32,7 +32,7 @@ from workers.hardening import ProviderCredentials
 from workers.messages import Message, ToolCall, Usage
 from workers.model import ModelError, ModelReply, ModelRequest, Readiness, ToolSpec, status_cause
 
-__all__ = ["LitellmModel", "has_credentials", "load"]
+__all__ = ["LitellmModel", "load", "readiness"]
 
 log = logging.getLogger(__name__)
 
@@ -183,11 +183,6 @@ def readiness(model_id: str, credentials: ProviderCredentials | None = None) -> 
     if provider in _LOCAL_BY_DEFAULT:
         missing = [m for m in missing if not m.endswith("_API_BASE")]
     return Readiness(provider, tuple(dict.fromkeys(missing)))
-
-
-def has_credentials(model_id: str, credentials: ProviderCredentials | None = None) -> bool:
-    """Whether litellm knows ``model_id``'s provider and its credentials are configured."""
-    return readiness(model_id, credentials).usable
 
 
 # --- prompt caching ------------------------------------------------------------------------------

@@ -330,10 +330,6 @@ class ModelChoice:
     model_id: str
     problem: str = ""
 
-    @property
-    def demo(self) -> bool:
-        return self.model_id == DEMO_MODEL
-
 
 def _aliased(model_id: str) -> str:
     provider, slash, rest = model_id.partition("/")

@@ -26,8 +26,8 @@ from workers._litellm import (
     _openai_message,
     _openai_tool,
     _Reply,
-    has_credentials,
     load,
+    readiness,
 )
 from workers.hardening import ProviderCredentials
 from workers.messages import Message, ToolCall, Usage
@@ -500,13 +500,13 @@ GUARD = textwrap.dedent(
     socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
     socket.create_connection, socket.getaddrinfo = create_connection, getaddrinfo
 
-    from workers._litellm import LitellmModel, has_credentials, load
+    from workers._litellm import LitellmModel, load, readiness
     from workers.messages import Message
     from workers.model import ModelRequest
     from workers.testing.fake_openai import FakeOpenAI
 
     litellm = load()
-    configured = has_credentials("openai/gpt-4o-mini")
+    configured = readiness("openai/gpt-4o-mini").usable
     with FakeOpenAI([{"reply": {"content": "offline answer"}}]) as fake:
         model = LitellmModel(api_base=fake.base_url, api_key="sk-test", max_retries=0)
         request = ModelRequest("openai/gpt-4o-mini", [Message(role="user", content="hi")])
@@ -567,8 +567,8 @@ def test_keys_come_from_the_credentials_when_the_environment_has_none(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     key = "sk-handed-in-0001"
     credentials = ProviderCredentials({"OPENAI_API_KEY": key})
-    assert has_credentials(MODEL) is False
-    assert has_credentials(MODEL, credentials) is True
+    assert readiness(MODEL).usable is False
+    assert readiness(MODEL, credentials).usable is True
     fake._service.keys.clear()
     _, reply = run(LitellmModel(credentials=credentials), ask("hi"))
     assert reply.message.content

@@ -53,7 +53,7 @@ def test_empty_persona_model_takes_the_default() -> None:
 
 def test_no_model_configured_anywhere_is_the_demo() -> None:
     chosen = resolve("", "", "openai", "openai")
-    assert chosen.model_id == DEMO_MODEL and chosen.demo and not chosen.problem
+    assert chosen.model_id == DEMO_MODEL and not chosen.problem
 
 
 def test_the_demo_needs_no_credentials() -> None:
@@ -131,25 +131,23 @@ def test_a_bare_name_nobody_routes_is_a_problem() -> None:
 # --- the litellm side: real environment ------------------------------------------------------
 
 
-def test_has_credentials_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readiness_reads_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    assert _litellm.has_credentials("openai/gpt-4o-mini") is False
+    assert _litellm.readiness("openai/gpt-4o-mini").usable is False
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    assert _litellm.has_credentials("openai/gpt-4o-mini") is True
+    assert _litellm.readiness("openai/gpt-4o-mini").usable is True
 
 
-def test_has_credentials_of_a_bare_openai_model(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readiness_of_a_bare_openai_model(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    assert _litellm.has_credentials("gpt-4o-mini") is True
+    assert _litellm.readiness("gpt-4o-mini").usable is True
 
 
 @pytest.mark.parametrize("model_id", ["zhipu/glm-4.7", "", "no-such-model-xyz", "/x"])
-def test_has_credentials_of_an_unknown_provider(
-    monkeypatch: pytest.MonkeyPatch, model_id: str
-) -> None:
+def test_readiness_of_an_unknown_provider(monkeypatch: pytest.MonkeyPatch, model_id: str) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("ZHIPU_API_KEY", "zk-test")
-    assert _litellm.has_credentials(model_id) is False
+    assert _litellm.readiness(model_id).usable is False
 
 
 def test_readiness_names_the_missing_key(monkeypatch: pytest.MonkeyPatch) -> None:

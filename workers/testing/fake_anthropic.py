@@ -57,7 +57,7 @@ from workers.testing.fake_openai import (
     _Script,
 )
 
-__all__ = ["AnthropicError", "FakeAnthropic", "Usage", "create_app"]
+__all__ = ["AnthropicError", "FakeAnthropic", "Usage", "block_text", "blocks", "create_app"]
 
 #: Anthropic's error type and usual message for each status it answers with.
 _ERRORS = {
@@ -95,10 +95,22 @@ def _invalid(message: str) -> AnthropicError:
     return AnthropicError(400, message)
 
 
-def _blocks(content: Any) -> list[dict[str, Any]]:
+def blocks(content: Any) -> list[dict[str, Any]]:
+    """A message content as Anthropic's blocks: a string is one text block."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def block_text(content: Any) -> str:
+    """The text of a content: its text blocks and the text of its tool results."""
+    parts = []
+    for block in blocks(content):
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        elif block.get("type") == "tool_result":
+            parts.append(block_text(block.get("content", "")))
+    return "\n".join(parts)
 
 
 def _check(body: dict[str, Any], max_output: int) -> None:
@@ -136,19 +148,19 @@ def _check(body: dict[str, Any], max_output: int) -> None:
                 'messages: roles must alternate between "user" and "assistant", but found '
                 f'multiple "{role}" roles in a row'
             )
-        blocks = _blocks(message.get("content"))
+        parts = blocks(message.get("content"))
         last = n == len(messages) - 1
-        if not blocks and not (last and role == "assistant"):
+        if not parts and not (last and role == "assistant"):
             raise _invalid(
                 f"messages.{n}: all messages must have non-empty content except for the "
                 "optional final assistant message"
             )
-        for b, block in enumerate(blocks):
+        for b, block in enumerate(parts):
             if block.get("type") == "text" and not block.get("text") and not last:
                 raise _invalid(
                     f"messages.{n}.content.{b}.text: text content blocks must be non-empty"
                 )
-        answered = {b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"}
+        answered = {b.get("tool_use_id") for b in parts if b.get("type") == "tool_result"}
         if role == "user":
             missing = sorted(previous_uses - answered)
             if missing:
@@ -166,7 +178,7 @@ def _check(body: dict[str, Any], max_output: int) -> None:
                 )
             previous_uses = set()
         else:
-            previous_uses = {str(b.get("id")) for b in blocks if b.get("type") == "tool_use"}
+            previous_uses = {str(b.get("id")) for b in parts if b.get("type") == "tool_use"}
             if answered:
                 raise _invalid(f"messages.{n}: `tool_result` blocks can only be in user messages")
     if previous_uses:
@@ -185,9 +197,9 @@ def _check(body: dict[str, Any], max_output: int) -> None:
 def _prompt_blocks(body: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The prompt in the order the cache sees it: tools, system, then each message's blocks."""
     yield from (t for t in body.get("tools") or [] if isinstance(t, dict))
-    yield from _blocks(body.get("system"))
+    yield from blocks(body.get("system"))
     for message in body.get("messages") or []:
-        yield from _blocks(message.get("content"))
+        yield from blocks(message.get("content"))
 
 
 def count_tokens(block: dict[str, Any]) -> int:
@@ -262,19 +274,9 @@ class _Answer:
 
 def _as_chat(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The conversation as the rules read it: ``system`` first, then the messages' text."""
-
-    def text(content: Any) -> str:
-        parts = []
-        for block in _blocks(content):
-            if block.get("type") == "text":
-                parts.append(str(block.get("text", "")))
-            elif block.get("type") == "tool_result":
-                parts.append(text(block.get("content", "")))
-        return "\n".join(parts)
-
-    chat = [{"role": "system", "content": text(body.get("system"))}]
+    chat = [{"role": "system", "content": block_text(body.get("system"))}]
     return chat + [
-        {"role": m.get("role"), "content": text(m.get("content"))} for m in body["messages"]
+        {"role": m.get("role"), "content": block_text(m.get("content"))} for m in body["messages"]
     ]
 
 

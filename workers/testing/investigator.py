@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.testing.fake_anthropic import block_text, blocks
 from workers.testing.fake_openai import Reply, ToolCallReply
 
 __all__ = ["Seen", "investigator", "log_file", "read"]
@@ -62,23 +63,6 @@ class Seen:
     wants_ledger: bool = False
 
 
-def _blocks(content: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(content, str):
-        yield {"type": "text", "text": content}
-    elif isinstance(content, list):
-        yield from (b for b in content if isinstance(b, dict))
-
-
-def _text(content: Any) -> str:
-    parts = []
-    for block in _blocks(content):
-        if block.get("type") == "text":
-            parts.append(str(block.get("text", "")))
-        elif block.get("type") == "tool_result":
-            parts.append(_text(block.get("content", "")))
-    return "\n".join(parts)
-
-
 def read(body: dict[str, Any]) -> Seen:
     """What a request body (Anthropic's or OpenAI's) shows the investigator."""
     seen = Seen()
@@ -86,13 +70,13 @@ def read(body: dict[str, Any]) -> Seen:
     latest: list[tuple[dict[str, Any], str]] = []
     for message in body.get("messages", []):
         role, content = message.get("role"), message.get("content")
-        text = _text(content)
+        text = block_text(content)
         if role == "assistant":
             latest = []
             seen.findings += _FINDING.findall(text)
             uses = [
                 (b.get("id", ""), b.get("input") or {})
-                for b in _blocks(content)
+                for b in blocks(content)
                 if b.get("type") == "tool_use"
             ]
             uses += [
@@ -106,9 +90,9 @@ def read(body: dict[str, Any]) -> Seen:
         elif role == "tool":
             latest.append((calls.get(message.get("tool_call_id", ""), {}), text))
         elif role == "user":
-            results = [b for b in _blocks(content) if b.get("type") == "tool_result"]
+            results = [b for b in blocks(content) if b.get("type") == "tool_result"]
             latest += [
-                (calls.get(b.get("tool_use_id", ""), {}), _text(b.get("content", "")))
+                (calls.get(b.get("tool_use_id", ""), {}), block_text(b.get("content", "")))
                 for b in results
             ]
             seen.findings += _FINDING.findall(text)
