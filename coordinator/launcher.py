@@ -123,7 +123,7 @@ def run(options: UpOptions, out: Console) -> int:
         try:
             embedded = _start_redis(plan, out)
             children = _start_children(plan, options)
-            _wait_ready(children, options, plan.redis_url)
+            _wait_ready(children, options, plan.redis_url, plan.settings.key_prefix)
             _print_model(plan.settings, plan.redis_url, out)
             if options.demo:
                 _demo_spawn(plan, children, out)
@@ -392,7 +392,7 @@ def _start_children(plan: _Plan, options: UpOptions) -> list[_Child]:
 _QUEUES = ("ongrid.interactive", "ongrid.background", "ongrid.coordinator")
 
 
-def _wait_ready(children: list[_Child], options: UpOptions, redis_url: str) -> None:
+def _wait_ready(children: list[_Child], options: UpOptions, redis_url: str, prefix: str) -> None:
     """Return once the API answers ``/readyz``, Flower listens and every queue has a worker."""
     client = redis.Redis.from_url(
         redis_url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
@@ -401,7 +401,7 @@ def _wait_ready(children: list[_Child], options: UpOptions, redis_url: str) -> N
         deadline = time.monotonic() + READY_TIMEOUT
         while True:
             _check_alive(children)
-            waiting = _not_ready(client, options)
+            waiting = _not_ready(client, options, prefix)
             if not waiting:
                 return
             if time.monotonic() > deadline:
@@ -414,7 +414,7 @@ def _wait_ready(children: list[_Child], options: UpOptions, redis_url: str) -> N
         client.close()
 
 
-def _not_ready(client: redis.Redis, options: UpOptions) -> list[str]:
+def _not_ready(client: redis.Redis, options: UpOptions, prefix: str) -> list[str]:
     """What is not ready yet, each said in a few words."""
     waiting = []
     url = f"{_local_url(options.api_host, options.api_port)}/readyz"
@@ -429,7 +429,7 @@ def _not_ready(client: redis.Redis, options: UpOptions) -> list[str]:
     if not _listening(options.flower_port):
         waiting.append(f"Flower does not listen on port {options.flower_port}")
     try:
-        consumers = live_consumers(client, _QUEUES)
+        consumers = live_consumers(client, _QUEUES, prefix)
     except redis.RedisError as exc:
         return [*waiting, f"Redis does not answer ({exc})"]
     waiting += [f"no worker consumes {queue} yet" for queue in _QUEUES if not consumers[queue]]
@@ -532,7 +532,9 @@ def _print_model(settings: Settings, redis_url: str, out: Console) -> None:
     try:
         # The workers report right after they advertise their queues: at most a moment apart.
         deadline = time.monotonic() + REPORT_WAIT
-        while not (reports := read_fleet(client)) and time.monotonic() < deadline:
+        while (
+            not (reports := read_fleet(client, settings.key_prefix)) and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
         if not reports:
             out.print(Text(f"Models: not checked: no worker reported within {REPORT_WAIT:.0f} s"))
@@ -620,6 +622,8 @@ def _print_access(plan: _Plan, options: UpOptions, out: Console) -> None:
             lines.append("REDIS_URL: as set in this shell (it holds a password: not printed)")
         else:
             exports.append(f"export REDIS_URL={plan.redis_url}")
+    if plan.settings.cluster:
+        exports.append(f"export ONGRID_CLUSTER={plan.settings.cluster}")
     if api != _DEFAULT_API_URL:
         exports.append(f"export ONGRID_URL={api}")
     out.print()

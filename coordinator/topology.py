@@ -56,6 +56,7 @@ __all__ = [
     "ANNOUNCE_TTL",
     "API_FACT",
     "API_KEY",
+    "api_key",
     "CHECK_TIMEOUT",
     "Announcement",
     "ApiAnnouncer",
@@ -67,8 +68,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The Redis key of the API's announcement.
-API_KEY = "ongrid:cluster:api"
+#: The Redis key of the API's announcement, after the stack's key prefix: see :func:`api_key`.
+API_KEY = "cluster:api"
 #: The ``cluster_facts`` row of the API's announcement.
 API_FACT = "api"
 #: Seconds between two announcements of a running API.
@@ -91,6 +92,11 @@ _DIALECT_NAMES = {
 
 class TopologyMismatch(UserError):
     """A worker configured for another database or Redis than the API announced."""
+
+
+def api_key(prefix: str = "ongrid:") -> str:
+    """The Redis key of the API's announcement for a stack whose keys start with ``prefix``."""
+    return prefix + API_KEY
 
 
 def is_loopback_host(host: str | None) -> bool:
@@ -277,6 +283,7 @@ class ApiAnnouncer:
         self, settings: Settings, database: Database, *, every: float = ANNOUNCE_EVERY
     ) -> None:
         self.topology = Topology.from_settings(settings)
+        self.key = api_key(settings.key_prefix)
         self.hostname = socket.gethostname()
         self.every = every
         self._database = database
@@ -293,7 +300,7 @@ class ApiAnnouncer:
         """Write one announcement to both places; returns it."""
         made = Announcement(topology=self.topology, hostname=self.hostname, announced_at=utcnow())
         text = made.model_dump_json()
-        self._write("Redis", lambda: self.redis.set(API_KEY, text, ex=ANNOUNCE_TTL))
+        self._write("Redis", lambda: self.redis.set(self.key, text, ex=ANNOUNCE_TTL))
 
         def to_database() -> None:
             self._database.ensure()  # migrates once it answers (the table may be new)
@@ -354,7 +361,7 @@ def check_worker(settings: Settings, engine: Engine, redis_client: redis.Redis) 
     """
     mine = Topology.from_settings(settings)
     in_database = _from_database(engine)
-    in_redis = _from_redis(redis_client, mine)
+    in_redis = _from_redis(redis_client, api_key(settings.key_prefix), mine)
     problems: list[str] = []
     # Each announcement judges the other place (its own place is the API's, as it was read there).
     if in_database is not None and not _same(in_redis, in_database):
@@ -385,9 +392,9 @@ def _from_database(engine: Engine) -> _Found | None:
     return _parse(fact.value, "database") if fact is not None else None
 
 
-def _from_redis(client: redis.Redis, mine: Topology) -> _Found | None:
+def _from_redis(client: redis.Redis, key: str, mine: Topology) -> _Found | None:
     try:
-        raw = cast("bytes | None", client.get(API_KEY))
+        raw = cast("bytes | None", client.get(key))
     except redis.RedisError as exc:
         # Not this check's error: the runtime's start reports a Redis that does not answer.
         log.info("cannot read the API's announcement from Redis %s: %s", mine.redis_words(), exc)

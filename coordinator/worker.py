@@ -214,15 +214,16 @@ def _advertise_step(settings: Settings) -> type[bootsteps.StartStopStep]:
             ttl = settings.presence_ttl_seconds
             every = ttl * RENEW_FRACTION
             self.advertiser = QueueAdvertiser(
-                client, consumer.hostname, queues, ttl=ttl, every=every
-            )
+                client, consumer.hostname, queues, ttl=ttl, every=every,
+                prefix=settings.key_prefix,
+            )  # fmt: skip
             self.advertiser.start()
             log.info("advertising the queues %s", ", ".join(sorted(queues())))
             # The runtime step ran before the consumer started: the runtime exists.
             member = self.advertiser.member
             self.reporter = FleetReporter(
                 client, member, runtime_report(member, queues),
-                watch=runtime_version, ttl=ttl, every=every,
+                watch=runtime_version, ttl=ttl, every=every, prefix=settings.key_prefix,
             )  # fmt: skip
             self.reporter.start()
 

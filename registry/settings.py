@@ -53,6 +53,7 @@ _ENV: dict[str, str] = {
     "ONGRID_DEFAULT_PROVIDER": "default_provider",
     "ONGRID_DEFAULT_LOCALE": "default_locale",
     "REDIS_URL": "redis_url",
+    "ONGRID_CLUSTER": "cluster",
     "ONGRID_DATABASE_URL": "database_url",
     "ONGRID_DATA_DIR": "data_dir",
     "PROMETHEUS_URL": "prometheus_url",
@@ -221,6 +222,10 @@ class Settings(BaseModel):
     default_provider: str = ""
     default_locale: str = "en"
     redis_url: str = ""
+    #: Names this stack among others sharing one Redis database: every key, pub/sub channel and
+    #: Celery queue of the stack lives under ``ongrid:<cluster>:``. Empty: ``ongrid:`` (stacks
+    #: on different databases of one server are kept apart by the database number alone).
+    cluster: str = ""
     database_url: str = ""
     data_dir: Path = Path(".ongrid")
     prometheus_url: str = ""
@@ -346,6 +351,16 @@ class Settings(BaseModel):
     #: Free-form keys from the config file, checked by personas' ``metadata.requires.config``.
     extra: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_name(cls, name: str) -> str:
+        if name and not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name):
+            raise ValueError(
+                f"{name!r} is not a cluster name (ONGRID_CLUSTER): up to 32 lowercase letters, "
+                "digits, '-' and '_', starting with a letter or digit"
+            )
+        return name
+
     @field_validator("mcp_env_allow")
     @classmethod
     def _no_secret_allowed(cls, names: list[str]) -> list[str]:
@@ -359,6 +374,11 @@ class Settings(BaseModel):
                     "${ONGRID_SKILL_…} without listing them)"
                 )
         return names
+
+    @property
+    def key_prefix(self) -> str:
+        """What every Redis key and channel of this stack starts with: see :attr:`cluster`."""
+        return f"ongrid:{self.cluster}:" if self.cluster else "ongrid:"
 
     @property
     def agent_dirs(self) -> list[Path]:

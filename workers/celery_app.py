@@ -39,6 +39,7 @@ __all__ = [
     "SPAWN_TASK",
     "SPAWN_TIME_LIMIT",
     "VISIBILITY_TIMEOUT",
+    "celery_key_prefix",
     "make_celery",
     "redis_unreachable",
 ]
@@ -79,10 +80,22 @@ def _ping() -> str:
     return "pong"
 
 
+def celery_key_prefix(settings: Settings) -> str:
+    """What Celery's own keys (queues, unacked messages, results) start with in Redis.
+
+    A named stack (``ONGRID_CLUSTER``) keeps them under its key prefix, so stacks sharing a Redis
+    database never take each other's spawns; without a name they stay where Celery puts them.
+    """
+    return settings.key_prefix if settings.cluster else ""
+
+
 def make_celery(settings: Settings) -> Celery:
     url = settings.redis_url or DEFAULT_REDIS_URL
     app = Celery("ongrid", broker=url, backend=url)
-    transport = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    transport: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
+    if prefix := celery_key_prefix(settings):
+        # kombu prefixes every key and pub/sub channel it uses, Celery's events included.
+        transport["global_keyprefix"] = prefix
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-_apps: dict[str, Celery] = {}
+_apps: dict[tuple[str, str], Celery] = {}
 #: Longest block of one read of the event stream in :meth:`SpawnClient.wait` (seconds): how
 #: soon a wait notices its ``stop``.
 _READ_SLICE = 0.5
@@ -52,11 +52,12 @@ _ENDING_EVENTS = ("task_notification", "confirmation_required")
 
 
 def _app(settings: Settings) -> Celery:
-    """One Celery app (and its broker connection pool) per broker URL in this process."""
-    url = settings.redis_url or DEFAULT_REDIS_URL
-    if url not in _apps:
-        _apps[url] = make_celery(settings)
-    return _apps[url]
+    """One Celery app (and its broker connection pool) per broker URL and cluster name in this
+    process."""
+    key = (settings.redis_url or DEFAULT_REDIS_URL, settings.cluster)
+    if key not in _apps:
+        _apps[key] = make_celery(settings)
+    return _apps[key]
 
 
 def enqueue(settings: Settings, record: SpawnRecord) -> None:
@@ -77,9 +78,10 @@ class SpawnClient:
     def __init__(self, settings: Settings, *, registry: AgentRegistry | None = None) -> None:
         self.settings = settings
         self.redis = redis.Redis.from_url(settings.redis_url or DEFAULT_REDIS_URL)
-        self.store = SpawnStore(self.redis)
-        self.bus = EventBus(self.redis)
-        self.approvals = ApprovalFeed(self.redis)
+        prefix = settings.key_prefix
+        self.store = SpawnStore(self.redis, prefix)
+        self.bus = EventBus(self.redis, prefix)
+        self.approvals = ApprovalFeed(self.redis, prefix)
         #: Spawns per user and minute, counted across the cluster (``limits.spawns_per_minute``).
         self.spawn_rate = RateWindow(
             self.redis,
@@ -87,6 +89,7 @@ class SpawnClient:
             settings.limits.spawns_per_minute,
             limit_name="spawns_per_minute",
             what="spawns",
+            prefix=prefix,
         )
         self.registry = registry if registry is not None else build_registry(settings)
 
@@ -176,7 +179,7 @@ class SpawnClient:
 
     def consumers(self, *queues: str) -> dict[str, list[str]]:
         """The live workers of each queue (see :mod:`workers.consumers`)."""
-        return live_consumers(self.redis, queues)
+        return live_consumers(self.redis, queues, self.settings.key_prefix)
 
     def require_consumer(self, queue: str) -> None:
         """:class:`NoConsumer` unless a live worker consumes ``queue``."""
@@ -315,7 +318,7 @@ class SpawnClient:
     def reload(self) -> int:
         """Broadcast a registry reload to every worker and API process."""
         self.registry.reload()
-        return broadcast_reload(self.redis)
+        return broadcast_reload(self.redis, self.settings.key_prefix)
 
     def cancel(self, spawn_id: str) -> None:
         """Ask a spawn to stop. A running one stops at its next checkpoint (a model call in

@@ -40,11 +40,10 @@ log = logging.getLogger(__name__)
 CONSUMER_TTL = 10.0
 #: Seconds between renewals: an advertisement survives four missed ones.
 ADVERTISE_EVERY = CONSUMER_TTL * RENEW_FRACTION
-_PREFIX = "ongrid:consumers:"
 
 
-def consumers_key(queue: str) -> str:
-    return f"{_PREFIX}{queue}"
+def consumers_key(queue: str, prefix: str = "ongrid:") -> str:
+    return f"{prefix}consumers:{queue}"
 
 
 def start_command(queue: str) -> str:
@@ -65,13 +64,15 @@ class NoConsumer(OngridError):
         )
 
 
-def live_consumers(client: redis.Redis, queues: Iterable[str]) -> dict[str, list[str]]:
+def live_consumers(
+    client: redis.Redis, queues: Iterable[str], prefix: str = "ongrid:"
+) -> dict[str, list[str]]:
     """The live workers of each queue (one round trip); an empty list: nobody consumes it."""
     names = list(queues)
     pipe = client.pipeline(transaction=False)
     pipe.time()
     for queue in names:
-        pipe.zrange(consumers_key(queue), 0, -1, withscores=True)
+        pipe.zrange(consumers_key(queue, prefix), 0, -1, withscores=True)
     now_pair, *members = pipe.execute()
     now = server_now(now_pair)
     return {queue: live_members(found, now) for queue, found in zip(names, members, strict=True)}
@@ -92,8 +93,10 @@ class QueueAdvertiser:
         *,
         ttl: float = CONSUMER_TTL,
         every: float = ADVERTISE_EVERY,
+        prefix: str = "ongrid:",
     ) -> None:
         self.client = client
+        self.prefix = prefix
         self.member = f"{worker} pid {os.getpid()}"
         self._queues, self._ttl, self._every = queues, ttl, every
         self._advertised: set[str] = set()
@@ -111,9 +114,9 @@ class QueueAdvertiser:
         now = server_now(self.client.time())
         pipe = self.client.pipeline(transaction=False)
         for queue in current:
-            renew_member(pipe, consumers_key(queue), self.member, now, self._ttl)
+            renew_member(pipe, consumers_key(queue, self.prefix), self.member, now, self._ttl)
         for queue in self._advertised - current:
-            pipe.zrem(consumers_key(queue), self.member)
+            pipe.zrem(consumers_key(queue, self.prefix), self.member)
         pipe.execute()
         self._advertised = current
 
@@ -131,7 +134,7 @@ class QueueAdvertiser:
             self._thread.join(timeout=self._every + 5)
         pipe = self.client.pipeline(transaction=False)
         for queue in self._advertised:
-            pipe.zrem(consumers_key(queue), self.member)
+            pipe.zrem(consumers_key(queue, self.prefix), self.member)
         try:
             pipe.execute()
         except redis.RedisError as exc:

@@ -45,6 +45,7 @@ from workers.reload import RegistryFollower
 
 __all__ = [
     "FLEET_KEY",
+    "fleet_key",
     "REPORT_EVERY",
     "REPORT_TTL",
     "ApiRegistry",
@@ -68,8 +69,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The index of the reporting members (score: when their report expires, server time).
-FLEET_KEY = "ongrid:fleet"
+#: The index of the reporting members (score: when their report expires, server time), after
+#: the stack's key prefix (``Settings.key_prefix``).
+FLEET_KEY = "fleet"
 #: Seconds a report lasts without renewal (a worker's: ``Settings.presence_ttl_seconds``): a
 #: dead worker leaves the fleet after at most this.
 REPORT_TTL = 10.0
@@ -82,8 +84,12 @@ WATCH_EVERY = 0.25
 Status = Literal["ok", "lagging", "differs"]
 
 
-def report_key(member: str) -> str:
-    return f"{FLEET_KEY}:{member}"
+def fleet_key(prefix: str = "ongrid:") -> str:
+    return f"{prefix}{FLEET_KEY}"
+
+
+def report_key(member: str, prefix: str = "ongrid:") -> str:
+    return f"{fleet_key(prefix)}:{member}"
 
 
 # -- digests -----------------------------------------------------------------------------------
@@ -245,8 +251,10 @@ class FleetReporter:
         *,
         watch: Callable[[], Hashable] | None = None,
         watch_every: float = WATCH_EVERY,
+        prefix: str = "ongrid:",
     ) -> None:
         self.client = client
+        self.prefix = prefix
         self.member = member
         self._report, self._every, self._ttl = report, every, ttl
         self._watch = watch
@@ -278,8 +286,12 @@ class FleetReporter:
                 self._started = now
             stamped = report.model_copy(update={"started_at": self._started, "reported_at": now})
             pipe = self.client.pipeline(transaction=False)
-            pipe.set(report_key(self.member), stamped.model_dump_json(), px=int(self._ttl * 1000))
-            renew_member(pipe, FLEET_KEY, self.member, now, self._ttl)
+            pipe.set(
+                report_key(self.member, self.prefix),
+                stamped.model_dump_json(),
+                px=int(self._ttl * 1000),
+            )
+            renew_member(pipe, fleet_key(self.prefix), self.member, now, self._ttl)
             pipe.execute()
             return stamped
 
@@ -314,25 +326,25 @@ class FleetReporter:
             self._thread.join(timeout=self._every + 5)
         with self._lock:
             pipe = self.client.pipeline(transaction=False)
-            pipe.delete(report_key(self.member))
-            pipe.zrem(FLEET_KEY, self.member)
+            pipe.delete(report_key(self.member, self.prefix))
+            pipe.zrem(fleet_key(self.prefix), self.member)
             try:
                 pipe.execute()
             except redis.RedisError as exc:
                 log.warning("could not withdraw the fleet report (it expires anyway): %s", exc)
 
 
-def read_fleet_at(client: redis.Redis) -> tuple[float, list[FleetReport]]:
+def read_fleet_at(client: redis.Redis, prefix: str = "ongrid:") -> tuple[float, list[FleetReport]]:
     """Redis server time and the live members' reports, by member (two round trips)."""
     pipe = client.pipeline(transaction=False)
     pipe.time()
-    pipe.zrange(FLEET_KEY, 0, -1, withscores=True)
+    pipe.zrange(fleet_key(prefix), 0, -1, withscores=True)
     time_reply, indexed = pipe.execute()
     now = server_now(time_reply)
     members = live_members(indexed, now)
     if not members:
         return now, []
-    raws = cast(list[bytes | None], client.mget([report_key(m) for m in members]))
+    raws = cast(list[bytes | None], client.mget([report_key(m, prefix) for m in members]))
     reports = []
     for member, raw in zip(members, raws, strict=True):
         if raw is None:  # expired between the two calls
@@ -344,9 +356,9 @@ def read_fleet_at(client: redis.Redis) -> tuple[float, list[FleetReport]]:
     return now, reports
 
 
-def read_fleet(client: redis.Redis) -> list[FleetReport]:
+def read_fleet(client: redis.Redis, prefix: str = "ongrid:") -> list[FleetReport]:
     """The reports of the live members, by member."""
-    return read_fleet_at(client)[1]
+    return read_fleet_at(client, prefix)[1]
 
 
 @dataclass(frozen=True)

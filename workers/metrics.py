@@ -225,9 +225,13 @@ class QueueDepthCollector(Collector):
     ``ongrid_queue_depth_up``: 1 when Redis answered, 0 when it did not. A Redis that does not
     answer within its client's timeout yields no depth, never a failed scrape."""
 
-    def __init__(self, client: redis.Redis, queues: Iterable[str] = QUEUES.values()) -> None:
+    def __init__(
+        self, client: redis.Redis, queues: Iterable[str] = QUEUES.values(), key_prefix: str = ""
+    ) -> None:
+        """``key_prefix``: Celery's (:func:`workers.celery_app.celery_key_prefix`)."""
         self.client = client
         self.queues = list(queues)
+        self.key_prefix = key_prefix
 
     def describe(self) -> Iterator[Metric]:
         # What collect yields, without asking Redis (the registry calls this at register time).
@@ -246,7 +250,7 @@ class QueueDepthCollector(Collector):
         pipe = self.client.pipeline(transaction=False)
         for queue in self.queues:
             for key in _priority_keys(queue):
-                pipe.llen(key)
+                pipe.llen(self.key_prefix + key)
         try:
             counts: list[Any] = pipe.execute()
         except redis.RedisError as exc:

@@ -200,7 +200,10 @@ class WorkerRuntime:
         self.settings = settings
         url = settings.redis_url or DEFAULT_REDIS_URL
         self.redis = redis.Redis.from_url(url)
-        version = cluster_version(self.redis)  # before the disk is read: see RegistryFollower
+        prefix = settings.key_prefix
+        version = cluster_version(
+            self.redis, prefix
+        )  # before the disk is read: see RegistryFollower
         self.registry: AgentRegistry = build_registry(settings)
         self.catalog: ToolCatalog = default_catalog(settings.tool_modules)
         self.sandbox = Sandbox.for_worker(settings)
@@ -209,14 +212,14 @@ class WorkerRuntime:
         #: Model provider keys; a worker process replaces them with those it took out of the
         #: environment (:func:`workers.hardening.harden_process`).
         self.credentials = ProviderCredentials.from_environ()
-        self.bus = EventBus(self.redis)
-        self.store = SpawnStore(self.redis)
-        self.approvals = ApprovalFeed(self.redis)
-        self.follower = RegistryFollower(self.redis, self.registry, seen=version)
+        self.bus = EventBus(self.redis, prefix)
+        self.store = SpawnStore(self.redis, prefix)
+        self.approvals = ApprovalFeed(self.redis, prefix)
+        self.follower = RegistryFollower(self.redis, self.registry, prefix, seen=version)
         #: The MCP servers of the installed plugins and the config file (started on the first
         #: snapshot that names one), kept in step with every reload.
         self.mcp: McpHub | None = None
-        self._mcp_published = McpToolPublisher(self.redis)
+        self._mcp_published = McpToolPublisher(self.redis, prefix)
         self.follower.on_reload = self._sync_mcp
         self._sync_mcp(self.registry.snapshot(), wait=True)
         metrics.watch_mcp(lambda: self.mcp)
@@ -235,7 +238,7 @@ class WorkerRuntime:
         # a connection, and when a stalled worker's spawns all resumed at once, 364 of 700
         # waited past its timeout and failed.
         self.aredis = redis.asyncio.Redis.from_url(url)
-        self.astore = AsyncSpawnStore(self.aredis)
+        self.astore = AsyncSpawnStore(self.aredis, prefix)
         self.writer = EventWriter(self.bus, self.aredis, on_published=metrics.event_published)
         self.engine.run(self._start_writer())
         #: The coroutine of each spawn this process holds, to stop one whose lease was lost.

@@ -56,7 +56,7 @@ def _described(svc: Services, name: str) -> dict[str, Any]:
 def _fleet(svc: Services) -> list[FleetReport]:
     """The live workers' reports; none when Redis cannot be read (models then show unchecked)."""
     try:
-        return read_fleet(svc.client.redis)
+        return read_fleet(svc.client.redis, svc.settings.key_prefix)
     except redis.RedisError:
         return []
 
@@ -74,7 +74,7 @@ def _with_model(described: dict[str, Any], reports: list[FleetReport]) -> dict[s
 
 def _changed(svc: Services, name: str, notice: str | None = None) -> dict[str, Any]:
     """Tell every worker and API process, then describe the persona as it now stands."""
-    version = broadcast_reload(svc.client.redis)
+    version = broadcast_reload(svc.client.redis, svc.settings.key_prefix)
     described = _with_model(_described(svc, name), _fleet(svc))
     snapshot = svc.registry.snapshot()
     findings = [
@@ -155,7 +155,7 @@ def warnings(who: Caller, svc: Svc) -> list[dict[str, str]]:
 def reload(who: Editor, svc: Svc) -> ReloadOut:
     """Re-read disk and database here and broadcast the reload to every worker and API."""
     snap = svc.registry.reload()
-    version = broadcast_reload(svc.client.redis)
+    version = broadcast_reload(svc.client.redis, svc.settings.key_prefix)
     return ReloadOut(
         registry_version=version, agents=len(snap.personas), warnings=len(snap.warnings)
     )
@@ -263,5 +263,5 @@ def delete_agent(name: str, who: Editor, svc: Svc) -> Response:
             raise NotFoundError("agent", name, snap.names())
         svc.registry.delete(name)
     svc.registry.reload()
-    broadcast_reload(svc.client.redis)
+    broadcast_reload(svc.client.redis, svc.settings.key_prefix)
     return Response(status_code=204)

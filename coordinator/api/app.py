@@ -45,7 +45,7 @@ from coordinator.topology import ApiAnnouncer
 from coordinator.web import DIST
 from registry.defaults import build_registry
 from registry.settings import DEFAULT_API_PORT, Settings
-from workers.celery_app import DEFAULT_REDIS_URL
+from workers.celery_app import DEFAULT_REDIS_URL, celery_key_prefix
 from workers.client import SpawnClient
 from workers.hardening import harden_process
 from workers.reload import RegistryFollower, cluster_version
@@ -81,7 +81,7 @@ def build_services(settings: Settings) -> Services:
     url = settings.redis_url or DEFAULT_REDIS_URL
     # The cluster's registry version before the disk and the database are read: a reload that
     # lands in between is then seen as newer, not silently missed.
-    version = cluster_version(redis.Redis.from_url(url))
+    version = cluster_version(redis.Redis.from_url(url), settings.key_prefix)
     users = GuardedUserStore(SqlUserStore(database.engine), database)
     plugin_store = PluginStore(database.engine)
     # Installed plugins come from the database, so API processes on several hosts agree.
@@ -94,7 +94,7 @@ def build_services(settings: Settings) -> Services:
         database=database,
         users=users,
         registry=registry,
-        follower=RegistryFollower(client.redis, registry, seen=version),
+        follower=RegistryFollower(client.redis, registry, settings.key_prefix, seen=version),
         chats=ChatStore(database.engine),
         client=client,
         catalog=default_catalog(settings.tool_modules),
@@ -112,7 +112,7 @@ def build_services(settings: Settings) -> Services:
             config_servers=settings.mcp_servers,
         ),
         hub=StreamHub(url),
-        limits=ApiLimiter(settings.limits, client.redis),
+        limits=ApiLimiter(settings.limits, client.redis, settings.key_prefix),
     )
 
 
@@ -150,7 +150,9 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     app.add_middleware(JsonBodyMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_bytes=MAX_BODY_BYTES)
     # Outermost: requests the body limit refuses are counted and traced too.
-    scrape_client = install_metrics(app, settings.redis_url or DEFAULT_REDIS_URL)
+    scrape_client = install_metrics(
+        app, settings.redis_url or DEFAULT_REDIS_URL, celery_key_prefix(settings)
+    )
     # Outside even the metrics: no response leaves without its framing headers (errors too).
     app.add_middleware(FramingHeadersMiddleware)
     for module in (me, chat, spawns, agents, skills, plugins, workers, health):

@@ -87,7 +87,7 @@ class Services:
         manifest tools of its bundles, and the tools the workers reported for its MCP servers
         (described only: the API runs no MCP server)."""
         servers = getattr(snapshot.bundle, "mcp_servers", None) or {}
-        mcp = described_mcp_tools(self.probe, servers)
+        mcp = described_mcp_tools(self.probe, servers, self.settings.key_prefix)
         return spawn_catalog(self.catalog, snapshot.bundle, mcp)
 
     def close(self) -> None:

@@ -92,7 +92,7 @@ def _readiness(svc: Services) -> ReadinessOut:
     except DatabaseUnavailable as exc:
         checks["database"] = str(exc)
     try:
-        found = live_consumers(svc.probe, QUEUES.values())
+        found = live_consumers(svc.probe, QUEUES.values(), svc.settings.key_prefix)
     except Exception as exc:  # noqa: BLE001 - as above
         found = {}
         checks.update(dict.fromkeys(QUEUES.values(), f"unknown: cannot read Redis: {exc}"))

@@ -88,7 +88,7 @@ class ApiLimiter:
     """The bounds of :class:`~registry.settings.ApiLimits` that the API itself checks
     (spawns are the spawn client's: :attr:`workers.client.SpawnClient.spawn_rate`)."""
 
-    def __init__(self, limits: ApiLimits, client: redis.Redis) -> None:
+    def __init__(self, limits: ApiLimits, client: redis.Redis, prefix: str = "ongrid:") -> None:
         self.limits = limits
         self.streams = StreamSlots(limits.streams_per_user, limits.streams_per_process)
         self.turns = RateWindow(
@@ -97,6 +97,7 @@ class ApiLimiter:
             limits.turns_per_minute,
             limit_name="turns_per_minute",
             what="chat turns",
+            prefix=prefix,
         )
 
     def check_new_session(self, chats: ChatStore, user: str) -> None:

@@ -58,16 +58,17 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-def install_metrics(app: FastAPI, redis_url: str) -> redis.Redis:
+def install_metrics(app: FastAPI, redis_url: str, celery_prefix: str = "") -> redis.Redis:
     """Mount ``/metrics`` and the request telemetry on ``app``; the queue depths are read from
-    ``redis_url``. Returns the collector's Redis client, for the caller to close."""
+    ``redis_url`` (under Celery's key prefix). Returns the collector's Redis client, for the
+    caller to close."""
     client = redis.Redis.from_url(
         redis_url, socket_connect_timeout=SCRAPE_TIMEOUT, socket_timeout=SCRAPE_TIMEOUT
     )
     # The app's own registry: each app built in a process has its own queue collector, and
     # the default registry keeps the process-wide series.
     scraped = CollectorRegistry(auto_describe=True)
-    scraped.register(QueueDepthCollector(client))
+    scraped.register(QueueDepthCollector(client, key_prefix=celery_prefix))
     app.state.metrics_registry = scraped
     app.include_router(router)
     app.add_middleware(RequestTelemetry)

@@ -66,8 +66,9 @@ def assess(svc: Services) -> FleetAssessment:
     svc.snapshot()  # a reload this process missed is applied before it judges the others
     version, snapshot = loaded_registry(svc.follower)
     api = ApiRegistry(version, snapshot.digest, persona_digests(snapshot))
-    now, reports = read_fleet_at(svc.probe)
-    return assess_fleet(cluster_version(svc.probe), api, reports, now)
+    prefix = svc.settings.key_prefix
+    now, reports = read_fleet_at(svc.probe, prefix)
+    return assess_fleet(cluster_version(svc.probe, prefix), api, reports, now)
 
 
 def fleet_out(assessment: FleetAssessment) -> FleetOut:

@@ -27,11 +27,11 @@ from coordinator.storage.engine import Database, make_engine, upgrade
 from coordinator.topology import (
     ANNOUNCE_TTL,
     API_FACT,
-    API_KEY,
     Announcement,
     ApiAnnouncer,
     Topology,
     TopologyMismatch,
+    api_key,
     check_worker,
     is_loopback_host,
 )
@@ -97,7 +97,7 @@ def _announcement(database_url: str, redis_url: str, **changes: Any) -> Announce
 
 
 def _to_redis(client: redis.Redis, made: Announcement) -> None:
-    client.set(API_KEY, made.model_dump_json(), ex=ANNOUNCE_TTL)
+    client.set(api_key(), made.model_dump_json(), ex=ANNOUNCE_TTL)
 
 
 def _to_database(engine: Engine, made: Announcement) -> None:
@@ -324,7 +324,7 @@ def test_one_host_with_loopback_everywhere_passes(
         announcer.announce()
     finally:
         announcer.stop()
-    assert redis_client.get(API_KEY) is not None
+    assert redis_client.get(api_key()) is not None
     assert ClusterFacts(sqlite_engine).get(API_FACT) is not None
 
     check_worker(settings, sqlite_engine, redis_client)
@@ -420,7 +420,7 @@ def test_an_unreadable_announcement_is_ignored(
     sqlite_engine: Engine,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    redis_client.set(API_KEY, b"{not json")
+    redis_client.set(api_key(), b"{not json")
     ClusterFacts(sqlite_engine).put(API_FACT, '{"topology": {}}')
 
     with caplog.at_level(logging.WARNING, "coordinator.topology"):
@@ -446,9 +446,9 @@ def test_the_announcer_writes_both_places_without_the_password(
         announcer.stop()
         database.engine.dispose()
 
-    raw = redis_client.get(API_KEY)
+    raw = redis_client.get(api_key())
     assert raw is not None and SECRET.encode() not in raw
-    assert 0 < redis_client.ttl(API_KEY) <= ANNOUNCE_TTL
+    assert 0 < redis_client.ttl(api_key()) <= ANNOUNCE_TTL
     assert Announcement.model_validate_json(raw) == made
     engine = make_engine(pg_url)
     try:
@@ -504,7 +504,7 @@ def test_the_api_announces_while_it_serves(redis_client: redis.Redis, tmp_path: 
         shipped_agents=False,
     )
     with TestClient(create_app(settings, console_dist=tmp_path / "no-console")):
-        raw = wait_for(lambda: redis_client.get(API_KEY), 30, "the API's announcement")
+        raw = wait_for(lambda: redis_client.get(api_key()), 30, "the API's announcement")
     found = Announcement.model_validate_json(raw)
     assert found.topology == Topology.from_settings(settings)
     assert found.topology.database_name == str((tmp_path / "data" / "ongrid.db").resolve())

@@ -156,7 +156,8 @@ class Worker(Proc):
 class Cluster:
     """The test's registry directory, its workers and a client, all on one Redis database."""
 
-    def __init__(self, root: Path, fake: FakeLLM, redis_url: str) -> None:
+    def __init__(self, root: Path, fake: FakeLLM, redis_url: str, name: str = "") -> None:
+        """``name``: the stack's ``ONGRID_CLUSTER`` (none by default)."""
         self.root = root
         self.redis_url = redis_url
         self.fake = fake
@@ -183,8 +184,11 @@ class Cluster:
             ONGRID_SHIPPED_AGENTS="0",
             PYTHONUNBUFFERED="1",
         )
+        if name:
+            self.env["ONGRID_CLUSTER"] = name
         self.settings = Settings.load(
             environ={
+                "ONGRID_CLUSTER": name,
                 "REDIS_URL": redis_url,
                 "ONGRID_AGENTS_DIR": str(self.agents),
                 "ONGRID_MARKETPLACE_ROOT": str(marketplace),

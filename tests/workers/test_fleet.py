@@ -18,11 +18,11 @@ import redis_server
 from registry.agent_registry import AgentRegistry
 from registry.persona import Persona, Source
 from workers.fleet import (
-    FLEET_KEY,
     ApiRegistry,
     FleetReport,
     FleetReporter,
     assess_fleet,
+    fleet_key,
     loaded_registry,
     persona_differences,
     persona_digest,
@@ -267,7 +267,7 @@ def test_the_reporter_publishes_in_server_time_and_withdraws_on_stop(r: redis.Re
         now, (found,) = read_fleet_at(r)
         assert found.member == source.member and found.registry_version == 1
         assert 0 < found.started_at <= found.reported_at <= now
-        assert r.pttl(f"{FLEET_KEY}:{source.member}") > 0
+        assert r.pttl(f"{fleet_key()}:{source.member}") > 0
         renewed = wait_for(
             lambda: (got := read_fleet(r)) and got[0].reported_at > found.reported_at and got[0],
             30,
@@ -277,7 +277,7 @@ def test_the_reporter_publishes_in_server_time_and_withdraws_on_stop(r: redis.Re
     finally:
         reporter.stop()
     assert read_fleet(r) == []
-    assert r.zscore(FLEET_KEY, source.member) is None
+    assert r.zscore(fleet_key(), source.member) is None
     assert reporter.report_now() is None  # stopped: nothing is written again
     assert read_fleet(r) == []
 
@@ -306,7 +306,7 @@ def test_a_dead_member_leaves_the_fleet_after_its_ttl(r: redis.Redis):
         assert [f.member for f in read_fleet(r)] == ["alive pid 1", "dead pid 2"]
         wait_for(lambda: [f.member for f in read_fleet(r)] == ["alive pid 1"], 30, "expiry")
         # The next renewal of a live member sweeps the dead one out of the index too.
-        wait_for(lambda: r.zscore(FLEET_KEY, dead.member) is None, 30, "the index swept")
+        wait_for(lambda: r.zscore(fleet_key(), dead.member) is None, 30, "the index swept")
     finally:
         keeper.stop()
 

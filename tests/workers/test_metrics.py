@@ -157,6 +157,14 @@ def test_queue_depth_is_the_length_of_each_queue_over_its_priority_lists(redis_d
     assert depth(QUEUES["background"]) == 0  # read again at each scrape
 
 
+def test_a_named_stack_counts_its_own_queues_only(redis_db: redis.Redis):
+    redis_db.rpush("ongrid:blue:" + QUEUES["interactive"], "m1", "m2")  # kombu's global prefix
+    redis_db.rpush(QUEUES["interactive"], "theirs")  # an unnamed stack on the same database
+    registry = scrape(metrics.QueueDepthCollector(redis_db, key_prefix="ongrid:blue:"))
+
+    assert registry.get_sample_value("ongrid_queue_depth", {"queue": QUEUES["interactive"]}) == 2
+
+
 def test_a_redis_that_does_not_answer_leaves_the_scrape_whole():
     nobody = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
     registry = scrape(metrics.QueueDepthCollector(nobody))
