@@ -17,7 +17,7 @@ from registry.agent_registry import LoadWarning, Snapshot
 from registry.errors import OngridError, PersonaError
 from registry.parser import load_persona_file
 from registry.persona import Persona, Source
-from registry.settings import DEFAULT_API_PORT, Settings
+from registry.settings import DEFAULT_API_PORT, LOCAL_TOKEN_ENV, Settings
 
 __all__ = ["main"]
 
@@ -518,10 +518,29 @@ def worker(
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=DEFAULT_API_PORT, show_default=True)
-def api(host: str, port: int) -> None:
+@click.option(
+    "--local-admin",
+    is_flag=True,
+    help="Also accept one token for the local admin: $ONGRID_ADMIN_TOKEN when set, otherwise "
+    "one generated once and kept owner-only in <data_dir>/local-admin-token (read it there).",
+)
+def api(host: str, port: int, local_admin: bool) -> None:
     """Serve the HTTP API (uvicorn)."""
-    from coordinator.api.app import serve
+    import os
 
+    from coordinator.api.app import serve
+    from coordinator.local_auth import local_admin_token
+
+    if local_admin:
+        try:
+            path, _token, created = local_admin_token(
+                _settings().data_dir, os.environ.get("ONGRID_ADMIN_TOKEN") or None
+            )
+        except OngridError as exc:
+            raise click.ClickException(str(exc)) from None
+        os.environ[LOCAL_TOKEN_ENV] = str(path)
+        # Where the token is, never the token: logs are read by more people than the admin.
+        click.echo(f"API: the local admin token is {'created' if created else 'kept'} in {path}")
     serve(_settings(), host, port)
 
 

@@ -47,11 +47,33 @@ REDIS_PASSWORD_FILE = "redis-password"
 REDIS_URL_FILE = "redis-url"
 
 
-def local_admin_token(data_dir: Path) -> tuple[Path, str, bool]:
-    """(file, token, created): the token the API accepts for the local admin."""
+def local_admin_token(data_dir: Path, given: str | None = None) -> tuple[Path, str, bool]:
+    """(file, token, created): the token the API accepts for the local admin.
+
+    ``given`` (an operator's ``ONGRID_ADMIN_TOKEN``) replaces what the file held; otherwise the
+    file's token is kept, or one is generated and stored the first time.
+    """
     path = data_dir / TOKEN_FILE
-    token, created = read_or_create(path, lambda: secrets.token_urlsafe(32))
-    return path, token, created
+    if given is None:
+        token, created = read_or_create(path, lambda: secrets.token_urlsafe(32))
+        return path, token, created
+    if len(given) < 16 or not given.isprintable() or given != given.strip():
+        raise UserError(
+            "ONGRID_ADMIN_TOKEN must be at least 16 printable characters without surrounding "
+            "spaces (`openssl rand -base64 32` makes one)"
+        )
+    try:
+        if _read_private(path) == given:
+            return path, given, False
+    except FileNotFoundError:
+        pass
+    _private_dir(path.parent)
+    partial = _write_partial(path, given)
+    try:
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path, given, True
 
 
 def read_local_token(data_dir: Path) -> str | None:
@@ -115,6 +137,20 @@ def read_or_create(path: Path, make: Callable[[], str]) -> tuple[str, bool]:
         pass
     _private_dir(path.parent)
     value = make()
+    partial = _write_partial(path, value)
+    try:
+        try:
+            os.link(partial, path)
+        except FileExistsError:  # another start made it in the meantime: theirs wins
+            return _read_private(path), False
+    finally:
+        partial.unlink(missing_ok=True)
+    return value, True
+
+
+def _write_partial(path: Path, value: str) -> Path:
+    """``value`` written owner-only and synced to a new file beside ``path``, to be linked or
+    renamed into place (a reader never sees half a secret)."""
     partial = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
@@ -123,13 +159,10 @@ def read_or_create(path: Path, make: Callable[[], str]) -> tuple[str, bool]:
             out.write(value + "\n")
             out.flush()
             os.fsync(out.fileno())
-        try:
-            os.link(partial, path)
-        except FileExistsError:  # another start made it in the meantime: theirs wins
-            return _read_private(path), False
-    finally:
+    except BaseException:
         partial.unlink(missing_ok=True)
-    return value, True
+        raise
+    return partial
 
 
 def _private_dir(directory: Path) -> None:

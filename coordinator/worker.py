@@ -141,6 +141,12 @@ def _runtime_step(settings: Settings, app: Celery) -> type[bootsteps.StartStopSt
                 log.critical("the worker cannot start: %s", why, exc_info=not expected)
                 raise SystemExit(f"ongrid worker: cannot start: {why}") from exc
             use_worker_runtime(runtime)
+            # Said where it matters: a worker of coordinator turns only (whose one tool is
+            # spawn_agent) never runs a command.
+            consumed = set(getattr(worker.app.amqp.queues, "consume_from", None) or ())
+            no_sandbox = runtime.sandbox.unavailable()
+            if no_sandbox is not None and consumed != {QUEUES["coordinator"]}:
+                log.warning("bash and host_bash are unavailable on this worker: %s", no_sandbox)
 
             # After the pool has stopped (every spawn ended or handed back), not before: the
             # lease keeper must outlive the spawns it renews.

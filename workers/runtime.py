@@ -230,9 +230,6 @@ class WorkerRuntime:
         self.draining = threading.Event()
         connect_drain(self)
         _load_model_adapter()
-        why = self.sandbox.unavailable()
-        if why is not None:
-            log.warning("bash and host_bash are unavailable on this worker: %s", why)
         self.engine = Engine(offload_threads=settings.tool_threads)
         # A pool that grows with the commands in flight. A bounded one made commands wait for
         # a connection, and when a stalled worker's spawns all resumed at once, 364 of 700

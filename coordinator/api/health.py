@@ -11,7 +11,7 @@ API unready: a worker whose disk personas differ still answers chats.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -20,6 +20,7 @@ from coordinator.api.deps import Services, Svc
 from coordinator.api.schemas import HealthOut, ReadyOut
 from coordinator.api.workers import assess
 from coordinator.storage.engine import DatabaseUnavailable
+from registry.errors import UserError
 from workers.celery_app import QUEUES
 from workers.consumers import NoConsumer, live_consumers
 
@@ -78,7 +79,7 @@ def _fleet(svc: Services) -> FleetSummaryOut:
     )
 
 
-def _readiness(svc: Services) -> ReadinessOut:
+def _readiness(svc: Services, required: list[str]) -> ReadinessOut:
     checks: dict[str, str] = {}
     queues: dict[str, QueueOut] = {}
     try:
@@ -99,7 +100,8 @@ def _readiness(svc: Services) -> ReadinessOut:
     for queue, workers in found.items():
         queues[queue] = QueueOut(consumers=len(workers), workers=workers)
         checks[queue] = "ok" if workers else str(NoConsumer(queue))
-    ok = all(value == "ok" for value in checks.values())
+    ok = all(value == "ok" for name, value in checks.items() if name not in QUEUES.values())
+    ok = ok and all(checks.get(queue) == "ok" for queue in required)
     # Only after Redis answered the bounded ping: reading the fleet goes through clients
     # without that bound, and the probe must answer even when Redis is cut off.
     fleet = (
@@ -122,9 +124,24 @@ def _readiness(svc: Services) -> ReadinessOut:
         }
     },
 )
-async def readyz(svc: Svc) -> JSONResponse:
+async def readyz(
+    svc: Svc,
+    queues: str | None = Query(
+        default=None,
+        description="The queues that must have a live consumer, comma-separated (default: "
+        "every queue; empty: none, for an orchestrator whose workers scale to zero). Each "
+        "queue is still listed and checked either way.",
+    ),
+) -> JSONResponse:
     """Ready when Redis answers PING, the database answers (and is migrated) and every queue
-    has a live consumer. The `fleet` section lists workers that lag or run other personas; it
-    never turns the answer into 503 (such a worker still answers chats)."""
-    body = await run_in_threadpool(_readiness, svc)
+    (or those of `queues`) has a live consumer. The `fleet` section lists workers that lag or
+    run other personas; it never turns the answer into 503 (such a worker still answers
+    chats)."""
+    required = list(QUEUES.values()) if queues is None else [q for q in queues.split(",") if q]
+    unknown = sorted(set(required) - set(QUEUES.values()))
+    if unknown:
+        raise UserError(
+            f"readyz: unknown queue(s) {', '.join(unknown)}; known: {', '.join(QUEUES.values())}"
+        )
+    body = await run_in_threadpool(_readiness, svc, required)
     return JSONResponse(body.model_dump(), status_code=200 if body.status == "ok" else 503)

@@ -34,6 +34,8 @@ from workers.hardening import ProviderCredentials, is_secret
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "docker-compose.yml"
+#: The image's data directory (ONGRID_DATA_DIR in the Dockerfile): generated logins live there.
+DATA_DIR = "/var/lib/ongrid/data"
 
 #: Every variable :meth:`Settings.load` reads.
 SETTINGS_VARIABLES = frozenset({*_ENV, *_ENV_LISTS, *_ENV_CSV, LOCAL_TOKEN_ENV})
@@ -92,6 +94,10 @@ OTHER_READERS: dict[str, Reader] = {
     # Not a secret, so hardening leaves it in os.environ, where litellm reads it itself.
     "OPENAI_API_BASE": Reader(
         lambda: not is_secret("OPENAI_API_BASE") and "OPENAI_API_BASE" in _source("litellm.main")
+    ),
+    # `ongrid api --local-admin` takes it as the local admin's token (generated when unset).
+    "ONGRID_ADMIN_TOKEN": Reader(
+        lambda: '"ONGRID_ADMIN_TOKEN"' in _source("coordinator.cli"), commands=frozenset({"api"})
     ),
     # `ongrid flower` generates a login unless it is set; Flower reads it as --basic_auth.
     "FLOWER_BASIC_AUTH": Reader(
@@ -367,21 +373,30 @@ def _credential_problems(
 
 
 def exposure_problems(services: dict[str, dict[str, Any]]) -> list[str]:
-    """What the comments promise: workers that run commands get the seccomp bubblewrap needs and
-    coordinator-only workers do not; Flower requires its login and is published on loopback."""
+    """What the comments promise: workers that run commands get the seccomp and /proc bubblewrap
+    needs and coordinator-only workers do not; Flower requires its login or keeps a generated one
+    in a volume, and is published on loopback."""
     problems: list[str] = []
     commands_queues = {QUEUES["interactive"], QUEUES["background"]}
     for name, ctx in ongrid_contexts(services).items():
         service = services[name]
         if ctx.command.name == "worker":
-            unconfined = "seccomp=unconfined" in (service.get("security_opt") or [])
+            options = set(service.get("security_opt") or [])
+            unconfined = {"seccomp=unconfined", "systempaths=unconfined"} <= options
             if bool(served_queues(ctx) & commands_queues) != unconfined:
                 state = "has" if unconfined else "lacks"
-                problems.append(f"{name}: {state} seccomp=unconfined for the queues it serves")
+                problems.append(
+                    f"{name}: {state} seccomp=unconfined and systempaths=unconfined for the "
+                    "queues it serves"
+                )
         elif ctx.command.name == "flower":
             auth = raw_environment(service).get("FLOWER_BASIC_AUTH", "")
-            if "FLOWER_BASIC_AUTH" not in required_variables(auth):
-                problems.append(f"{name}: FLOWER_BASIC_AUTH must be required (${{...:?}})")
+            kept = any(str(v).split(":")[1:2] == [DATA_DIR] for v in service.get("volumes") or [])
+            if "FLOWER_BASIC_AUTH" not in required_variables(auth) and not kept:
+                problems.append(
+                    f"{name}: FLOWER_BASIC_AUTH must be required (${{...:?}}) or generated into "
+                    f"a volume at {DATA_DIR}"
+                )
             problems += [
                 f"{name}: port {p!r} is published beyond loopback"
                 for p in service.get("ports") or []
@@ -399,7 +414,13 @@ def redis_problems(services: dict[str, dict[str, Any]]) -> list[str]:
         return ["no redis service"]
     service = services[name]
     words = [str(w) for w in service.get("command") or []]
-    users = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--user"]
+    # Each `--user` takes the words up to the next `--option`, as redis-server reads them.
+    starts = [i for i, w in enumerate(words) if w.startswith("--")] + [len(words)]
+    users = [
+        " ".join(words[i + 1 : end])
+        for i, end in zip(starts, starts[1:], strict=False)
+        if words[i] == "--user"
+    ]
     problems = []
     if "default off" not in users:
         problems.append(f"{name}: the default user is not switched off (--user 'default off')")

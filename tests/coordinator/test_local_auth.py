@@ -38,6 +38,20 @@ def test_the_token_is_made_once_owner_only_in_a_private_directory(tmp_path):
     assert [p.name for p in data.iterdir()] == ["local-admin-token"]  # no partial file left
 
 
+def test_an_operators_token_replaces_the_generated_one_and_a_short_one_changes_nothing(tmp_path):
+    data = tmp_path / "data"
+    path, generated, _ = local_admin_token(data)
+    mine = "operator-chosen-token-0123456789"
+    assert local_admin_token(data, mine) == (path, mine, True)
+    assert path.read_text() == mine + "\n" and _mode(path) == 0o600
+    assert local_admin_token(data, mine) == (path, mine, False)
+    assert local_admin_token(data) == (path, mine, False)  # kept once it is there
+    with pytest.raises(UserError, match="ONGRID_ADMIN_TOKEN must be at least 16"):
+        local_admin_token(data, "short")
+    assert read_local_token(data) == mine != generated
+    assert [p.name for p in data.iterdir()] == ["local-admin-token"]
+
+
 def test_an_existing_directory_keeps_its_mode_and_the_umask_does_not_widen_the_file(tmp_path):
     tmp_path.chmod(0o755)
     old = os.umask(0)

@@ -123,6 +123,16 @@ def test_a_turn_nobody_would_pick_up_is_refused_and_readyz_names_the_queue(
     }
     assert body["checks"]["ongrid.interactive"] == "ok"
     assert "no worker consumes ongrid.coordinator" in body["checks"]["ongrid.coordinator"]
+    # An orchestrator whose workers scale to zero asks for Redis and the database only, or
+    # for the queues it keeps served; the queues are listed either way.
+    alive = api.get("/readyz", params={"queues": ""})
+    assert (
+        alive.status_code == 200 and alive.json()["queues"]["ongrid.coordinator"]["consumers"] == 0
+    )
+    assert api.get("/readyz", params={"queues": "ongrid.interactive"}).status_code == 200
+    assert api.get("/readyz", params={"queues": "ongrid.coordinator"}).status_code == 503
+    unknown = api.get("/readyz", params={"queues": "ongrid.nope"})
+    assert unknown.status_code == 400 and "unknown queue(s) ongrid.nope" in unknown.text
 
     refused, _ = _chat(api, prompt=PROMPT)  # no agent: a coordinator turn
 

@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 
 from coordinator.storage.cluster import ClusterFacts
 from coordinator.storage.engine import make_engine
-from coordinator.topology import API_FACT, API_KEY, Announcement
+from coordinator.topology import API_FACT, Announcement, api_key
 
 REDIS_URL = redis_server.url(9)
 #: In the API's database URL (the test server trusts local connections and ignores it); it
@@ -89,7 +89,7 @@ def site(
 
 def _announced(site: Site, client: redis.Redis) -> Announcement:
     """The API's announcement, once it is in Redis and in the database."""
-    raw = wait_for(lambda: client.get(API_KEY), START_TIMEOUT, "the API's announcement in Redis")
+    raw = wait_for(lambda: client.get(api_key()), START_TIMEOUT, "the API's announcement in Redis")
     engine = make_engine(site.database_url)
     try:
         wait_for(lambda: ClusterFacts(engine).get(API_FACT), 30, "the API's row in the database")
