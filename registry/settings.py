@@ -110,6 +110,7 @@ _ENV_CSV: dict[str, str] = {
     "ONGRID_SANDBOX_GROUPS": "sandbox_groups",
     "ONGRID_MCP_ENV_ALLOW": "mcp_env_allow",
     "ONGRID_EGRESS_DENY": "egress_deny",
+    "ONGRID_AUTOSCALED_QUEUES": "autoscaled_queues",
 }
 
 
@@ -222,6 +223,10 @@ class Settings(BaseModel):
     default_provider: str = ""
     default_locale: str = "en"
     redis_url: str = ""
+    #: Queues whose workers an autoscaler starts on demand (KEDA on the queue's length, scaling
+    #: from zero): a spawn for one is accepted with no live worker and waits for one, and
+    #: ``/readyz`` does not require a consumer of it unless asked.
+    autoscaled_queues: list[str] = Field(default_factory=list)
     #: Names this stack among others sharing one Redis database: every key, pub/sub channel and
     #: Celery queue of the stack lives under ``ongrid:<cluster>:``. Empty: ``ongrid:`` (stacks
     #: on different databases of one server are kept apart by the database number alone).

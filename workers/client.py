@@ -77,6 +77,12 @@ def enqueue(settings: Settings, record: SpawnRecord) -> None:
 class SpawnClient:
     def __init__(self, settings: Settings, *, registry: AgentRegistry | None = None) -> None:
         self.settings = settings
+        unknown = sorted(set(settings.autoscaled_queues) - set(QUEUES.values()))
+        if unknown:
+            raise UserError(
+                f"autoscaled_queues: unknown queue(s) {', '.join(unknown)} "
+                f"(ONGRID_AUTOSCALED_QUEUES); known: {', '.join(QUEUES.values())}"
+            )
         self.redis = redis.Redis.from_url(settings.redis_url or DEFAULT_REDIS_URL)
         prefix = settings.key_prefix
         self.store = SpawnStore(self.redis, prefix)
@@ -150,7 +156,7 @@ class SpawnClient:
         role = role or self.settings.default_role
         if role not in self.settings.roles:
             raise NotFoundError("role", role, sorted(self.settings.roles))
-        if require_consumer:
+        if require_consumer and queue not in self.settings.autoscaled_queues:
             self.require_consumer(queue)
         if user:  # a spawn of nobody's (the CLI's, a script's) is the operator's own
             self.spawn_rate.take(user)
@@ -424,17 +430,17 @@ class StrandedWatch:
         """Publish a ``queue_waiting`` notice of ``record``, at most one per spawn each
         :data:`NOTICE_EVERY` seconds of wall time, whoever else watches it too."""
         then = f", and fails if none has come within {left:.0f} s" if left is not None else ""
+        if record.queue in self.client.settings.autoscaled_queues:
+            why = f"no worker consumes {record.queue} yet: its workers are started on demand"
+        else:
+            why = f"no worker consumes {record.queue}: start one with {start_command(record.queue)}"
         notice = QueueWaiting(
             session_id=record.session_id,
             spawn_id=record.spawn_id,
             queue=record.queue,
             waited_seconds=round(waited, 1),
             fails_in_seconds=None if left is None else round(left, 1),
-            message=(
-                f"no worker consumes {record.queue}: start one with "
-                f"{start_command(record.queue)}. The spawn keeps its place and runs when a "
-                f"worker arrives{then}."
-            ),
+            message=f"{why}. The spawn keeps its place and runs when a worker arrives{then}.",
         )
         # One notice per minute-long slot of wall time: two watchers of one spawn (the chat
         # stream and the CLI) publish it once, and a later wait of the same spawn is told again.

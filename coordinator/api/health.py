@@ -129,15 +129,19 @@ async def readyz(
     queues: str | None = Query(
         default=None,
         description="The queues that must have a live consumer, comma-separated (default: "
-        "every queue; empty: none, for an orchestrator whose workers scale to zero). Each "
-        "queue is still listed and checked either way.",
+        "every queue but the `autoscaled_queues`; empty: none, for an orchestrator that checks "
+        "the API alone). Each queue is still listed and checked either way.",
     ),
 ) -> JSONResponse:
     """Ready when Redis answers PING, the database answers (and is migrated) and every queue
     (or those of `queues`) has a live consumer. The `fleet` section lists workers that lag or
     run other personas; it never turns the answer into 503 (such a worker still answers
     chats)."""
-    required = list(QUEUES.values()) if queues is None else [q for q in queues.split(",") if q]
+    if queues is None:
+        autoscaled = svc.settings.autoscaled_queues
+        required = [q for q in QUEUES.values() if q not in autoscaled]
+    else:
+        required = [q for q in queues.split(",") if q]
     unknown = sorted(set(required) - set(QUEUES.values()))
     if unknown:
         raise UserError(

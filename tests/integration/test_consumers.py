@@ -176,6 +176,29 @@ def test_ongrid_spawn_refuses_a_persona_whose_queue_nobody_consumes(site: Site):
     assert list(site.cluster.redis.scan_iter("ongrid:spawn:*")) == []  # nothing was enqueued
 
 
+def test_a_queue_scaled_from_zero_takes_the_spawn_and_runs_it_when_a_worker_comes(site: Site):
+    site.cluster.persona("investigator", background=True)
+    site.cluster.fake.script([final("Investigated.")])
+    site.worker("interactive", "ongrid.interactive")
+    site.env["ONGRID_AUTOSCALED_QUEUES"] = "ongrid.background"
+
+    # Accepted with nobody on the queue: an autoscaler starts the worker on the queue's length.
+    done = site.cli("spawn", "investigator", "--prompt", PROMPT)
+    assert done.returncode == 0, done.stderr
+    (spawn_id,) = [
+        k.decode().rsplit(":", 1)[1] for k in site.cluster.redis.scan_iter("ongrid:spawn:*")
+    ]
+    assert site.cluster.client.store.get(spawn_id).status == "queued"
+
+    site.worker("scaled-up", "ongrid.background")
+    assert site.cluster.wait_status(spawn_id, "ok", "failed").result == "Investigated."
+
+    site.env["ONGRID_AUTOSCALED_QUEUES"] = "ongrid.nope"
+    refused = site.cli("spawn", "investigator", "--prompt", PROMPT)
+    assert refused.returncode == 1
+    assert "autoscaled_queues: unknown queue(s) ongrid.nope" in refused.stderr
+
+
 def test_ongrid_spawn_wait_ends_naming_the_queue_when_its_worker_dies(site: Site):
     site.cluster.fake.script([final("Too late.", delay=DEADLINE * 3)])  # the worker parks here
     worker = site.worker("doomed", "ongrid.interactive")
