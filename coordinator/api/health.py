@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.api.deps import Services, Svc
-from coordinator.api.schemas import HealthOut, ReadyOut
+from coordinator.api.schemas import ErrorOut, HealthOut, ReadyOut
 from coordinator.api.workers import assess
 from coordinator.storage.engine import DatabaseUnavailable
 from registry.errors import UserError
@@ -118,10 +118,11 @@ def _readiness(svc: Services, required: list[str]) -> ReadinessOut:
     "/readyz",
     response_model=ReadinessOut,
     responses={
+        400: {"model": ErrorOut, "description": "`queues` names a queue that does not exist."},
         503: {
             "model": ReadinessOut,
             "description": "A dependency is down or a queue has no consumer; `checks` says which.",
-        }
+        },
     },
 )
 async def readyz(
@@ -144,8 +145,7 @@ async def readyz(
         required = [q for q in queues.split(",") if q]
     unknown = sorted(set(required) - set(QUEUES.values()))
     if unknown:
-        raise UserError(
-            f"readyz: unknown queue(s) {', '.join(unknown)}; known: {', '.join(QUEUES.values())}"
-        )
+        named = ", ".join(repr(q[:40]) for q in unknown[:3])
+        raise UserError(f"readyz: unknown queue(s) {named}; known: {', '.join(QUEUES.values())}")
     body = await run_in_threadpool(_readiness, svc, required)
     return JSONResponse(body.model_dump(), status_code=200 if body.status == "ok" else 503)

@@ -132,7 +132,7 @@ def test_a_turn_nobody_would_pick_up_is_refused_and_readyz_names_the_queue(
     assert api.get("/readyz", params={"queues": "ongrid.interactive"}).status_code == 200
     assert api.get("/readyz", params={"queues": "ongrid.coordinator"}).status_code == 503
     unknown = api.get("/readyz", params={"queues": "ongrid.nope"})
-    assert unknown.status_code == 400 and "unknown queue(s) ongrid.nope" in unknown.text
+    assert unknown.status_code == 400 and "unknown queue(s) 'ongrid.nope'" in unknown.text
 
     refused, _ = _chat(api, prompt=PROMPT)  # no agent: a coordinator turn
 
