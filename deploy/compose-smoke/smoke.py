@@ -587,7 +587,7 @@ def smoke(mirror: str, cache: Path | None, keep: bool = False) -> list[tuple[str
         with step("compose up (healthy)", durations):
             up = True
             stack.compose("up", "-d", "--no-build", "--wait", "--wait-timeout", "240", timeout=300)
-        with step("/readyz with the token of `docker compose exec api cat …`", durations):
+        with step("/readyz with the token of `docker compose exec -T api cat …`", durations):
             stack.token = wait_until(
                 "the API's generated admin token",
                 lambda: stack.read_file("api", "/var/lib/ongrid/data/local-admin-token"),
