@@ -152,7 +152,16 @@ def stack(
     were watched)."""
     token = secrets.token_urlsafe(24)
     config = site / "ongrid.yaml"
-    config.write_text(json.dumps({"auth": {"tokens": {token: {"user": "bench", "role": "admin"}}}}))
+    # One user submits the whole load: the per-user bounds meant for people are lifted.
+    lifted = {"turns_per_minute": 1_000_000, "spawns_per_minute": 1_000_000}
+    lifted.update(
+        streams_per_user=100_000, streams_per_process=100_000, sessions_per_user=1_000_000
+    )
+    config.write_text(
+        json.dumps(
+            {"auth": {"tokens": {token: {"user": "bench", "role": "admin"}}}, "limits": lifted}
+        )
+    )
     env = h.worker_env(redis_url, fake.base_url, site)
     env.update(ONGRID_CONFIG=str(config), ONGRID_DATA_DIR=str(site / ".ongrid"))
     env["ONGRID_STREAM_REPLIES"] = stream_replies
