@@ -41,7 +41,8 @@ def _settings() -> Settings:
 
 
 class _Commands(click.Group):
-    """Every command: a Redis that does not answer is one line naming it, not a traceback."""
+    """Every command: a Redis that does not answer, or a setting or input the runtime refuses,
+    is one line naming it, not a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         import redis
@@ -52,6 +53,8 @@ class _Commands(click.Group):
             from workers.celery_app import redis_unreachable
 
             raise click.ClickException(redis_unreachable(_settings(), exc)) from None
+        except OngridError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 @click.group(cls=_Commands)
