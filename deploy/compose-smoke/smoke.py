@@ -31,7 +31,6 @@ import re
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -43,6 +42,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+
+from workers.testing.backends import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -115,12 +116,6 @@ def step(name: str, durations: list[tuple[str, float]]) -> Iterator[None]:
     took = time.monotonic() - started
     durations.append((name, took))
     print(f"smoke: {name}: done in {took:.1f} s", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the engine --------------------------------------------------------------------------------
