@@ -23,7 +23,9 @@ import re
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -78,8 +80,84 @@ def load() -> ModuleType:
         litellm.disable_streaming_logging = True
         # Measured (bench/litellm_paths.py): replacing litellm's own async transport with an
         # httpx pool costs 2-6x the CPU per call; its default is the right one, so it is kept.
+        _install_lean_metadata(litellm)
         _loaded = litellm
         return litellm
+
+
+# --- the lean call ------------------------------------------------------------------------------
+#
+# After each reply litellm builds a logging payload for its callbacks and prices the reply through
+# its full cost calculator to stamp it on the response: together a quarter of the CPU of a call
+# (bench/engine_load.py, profiled). With no litellm callback registered nobody reads either, and
+# the adapter prices the reply itself from its usage (``litellm.cost_per_token``, a fraction of
+# that). So while no callback is registered each call runs as litellm's own internal sub-calls do
+# (``internal_sub_call``: no success or failure logging) and skips the response-metadata step.
+# Registering any litellm callback turns both back on for the calls that follow.
+
+#: True while one of the adapter's lean calls runs (a context variable: only that call's task
+#: and the threads litellm runs it in see it).
+_LEAN: ContextVar[bool] = ContextVar("ongrid_litellm_lean", default=False)
+
+#: litellm's callback lists; any entry in one means somebody reads what a lean call skips.
+_CALLBACK_LISTS = (
+    "callbacks",
+    "input_callback",
+    "success_callback",
+    "failure_callback",
+    "service_callback",
+    "_async_success_callback",
+    "_async_failure_callback",
+    "_async_input_callback",
+)
+
+
+def _install_lean_metadata(litellm: ModuleType) -> None:
+    """Wrap litellm's ``update_response_metadata`` so that a lean call skips it (litellm looks
+    the function up on its ``utils`` module at each call). A litellm without it: calls run in
+    full, as before, and the log says so once."""
+    utils: Any = getattr(litellm, "utils", None)
+    original = getattr(utils, "update_response_metadata", None)
+    if original is None or getattr(original, "ongrid_lean", False):
+        if original is None:
+            log.info("litellm has no utils.update_response_metadata: model calls run in full")
+        return
+
+    @functools.wraps(original)
+    def update_response_metadata(*args: Any, **kwargs: Any) -> Any:
+        if _LEAN.get():
+            return None
+        return original(*args, **kwargs)
+
+    update_response_metadata.ongrid_lean = True  # type: ignore[attr-defined]
+    utils.update_response_metadata = update_response_metadata
+
+
+def _lean_possible(litellm: ModuleType) -> bool:
+    """No litellm callback is registered: nothing reads the logging a lean call skips."""
+    utils: Any = getattr(litellm, "utils", None)
+    if not getattr(getattr(utils, "update_response_metadata", None), "ongrid_lean", False):
+        return False
+    return not any(getattr(litellm, name, None) for name in _CALLBACK_LISTS)
+
+
+@contextmanager
+def _lean_call(litellm: ModuleType) -> Iterator[bool]:
+    """Run the call inside lean (see above) when nothing needs litellm's logging; yields
+    whether it is."""
+    if not _lean_possible(litellm):
+        yield False
+        return
+    try:
+        from litellm._internal_context import internal_sub_call
+    except ImportError:  # an older litellm: its logging runs, only the metadata step is skipped
+        internal_sub_call = nullcontext  # type: ignore[assignment]
+    token = _LEAN.set(True)
+    try:
+        with internal_sub_call():
+            yield True
+    finally:
+        _LEAN.reset(token)
 
 
 _priced: set[str] = set()
@@ -318,7 +396,10 @@ class _Reply:
     def to_usage(self, model: str) -> Usage:
         prompt = getattr(self.usage, "prompt_tokens", 0) or 0
         completion = getattr(self.usage, "completion_tokens", 0) or 0
-        cost = self.cost if self.cost is not None else _price(model, prompt, completion)
+        if self.cost is not None:
+            cost = self.cost
+        else:
+            cost = _price(model, self.usage) if self.usage is not None else 0.0
         written, read = _cache_tokens(self.usage)
         return Usage(
             prompt_tokens=prompt,
@@ -358,12 +439,11 @@ def _cost_of(chunk: Any, usage: Any) -> float | None:
     return None
 
 
-def _price(model: str, prompt: int, completion: int) -> float:
-    """Fallback when litellm stamped no cost: its price table, or 0.0 for an unpriced model."""
+def _price(model: str, usage: Any) -> float:
+    """The reply's cost from its usage at litellm's prices (cached input read and written at
+    their own rates) when litellm stamped none (a lean call): 0.0 for an unpriced model."""
     try:
-        prompt_cost, completion_cost = load().cost_per_token(
-            model=model, prompt_tokens=prompt, completion_tokens=completion
-        )
+        prompt_cost, completion_cost = load().cost_per_token(model=model, usage_object=usage)
     except Exception:  # noqa: BLE001 - no price known for this model: cost unknown, not an error
         return 0.0
     return float(prompt_cost + completion_cost)
@@ -422,7 +502,9 @@ class LitellmModel:
                 async for text in self._streamed(litellm, arguments, reply):
                     yield text
             else:
-                reply = _whole(await litellm.acompletion(**arguments, stream=False))
+                with _lean_call(litellm):
+                    response = await litellm.acompletion(**arguments, stream=False)
+                reply = _whole(response)
                 if reply.text:
                     yield "".join(reply.text)
         except (openai.OpenAIError, httpx.HTTPError) as exc:
@@ -441,9 +523,10 @@ class LitellmModel:
     ) -> AsyncIterator[str]:
         response: Any = None
         try:
-            response = await litellm.acompletion(
-                **arguments, stream=True, stream_options={"include_usage": True}
-            )
+            with _lean_call(litellm):
+                response = await litellm.acompletion(
+                    **arguments, stream=True, stream_options={"include_usage": True}
+                )
             async for chunk in response:
                 text = reply.add(chunk)
                 if text:

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 
 from workers._litellm import (
+    _CALLBACK_LISTS,
     LitellmModel,
+    _lean_possible,
     _openai_message,
     _openai_tool,
     _Reply,
@@ -169,6 +171,65 @@ def test_usage_and_cost(fake: FakeOpenAI) -> None:
     )
     assert usage.cost > 0
     assert usage.cost == pytest.approx(expected)
+
+
+def test_without_litellm_callbacks_a_call_skips_its_logging_and_prices_itself(
+    fake: FakeOpenAI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody reads litellm's logging: it is skipped, and the cost is still the price table's.
+    A registered callback turns litellm's logging back on and sees every call."""
+    from litellm.integrations.custom_logger import CustomLogger
+
+    class Recorder(CustomLogger):  # type: ignore[misc]
+        """A litellm callback, as an operator would register one: it sees what litellm logs."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.costs: list[float] = []
+
+        async def async_log_success_event(self, kwargs: Any, *_: Any, **__: Any) -> None:
+            self.costs.append(kwargs.get("response_cost"))
+
+    whole = dataclasses.replace(ask("why is db-1 slow?"), stream=False)
+    recorder = Recorder()
+
+    async def reply(req: ModelRequest) -> Usage:
+        items = [item async for item in LitellmModel().stream(req)]
+        assert isinstance(items[-1], ModelReply)
+        return items[-1].usage
+
+    async def logged(count: int) -> None:
+        # litellm logs on tasks of its own after the call returns; bounded, not timed.
+        for _ in range(200):
+            if len(recorder.costs) >= count:
+                return
+            await asyncio.sleep(0.025)
+
+    async def scenario() -> list[Usage]:
+        assert _lean_possible(litellm)
+        lean = await reply(whole)
+        assert litellm.utils.update_response_metadata.ongrid_lean
+        monkeypatch.setattr(litellm, "callbacks", [recorder])
+        assert not _lean_possible(litellm)
+        full = await reply(whole)
+        await logged(1)
+        # litellm files a callback into its own lists too: all of them are emptied.
+        for name in _CALLBACK_LISTS:
+            monkeypatch.setattr(litellm, name, [])
+        again = await reply(whole)
+        await asyncio.sleep(0.2)  # what litellm would have logged has had its chance
+        return [lean, full, again]
+
+    usages = asyncio.run(scenario())
+    price = litellm.model_cost["gpt-4o-mini"]
+    for usage in usages:
+        expected = (
+            usage.prompt_tokens * price["input_cost_per_token"]
+            + usage.completion_tokens * price["output_cost_per_token"]
+        )
+        assert usage.cost == pytest.approx(expected) and usage.cost > 0
+    # Only the call made while a callback was registered was logged.
+    assert recorder.costs == [pytest.approx(usages[1].cost)]
 
 
 def test_a_model_without_a_price_costs_nothing(fake: FakeOpenAI) -> None:
