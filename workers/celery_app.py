@@ -89,6 +89,16 @@ def celery_key_prefix(settings: Settings) -> str:
     return settings.key_prefix if settings.cluster else ""
 
 
+#: kombu's Redis transport, reusing one client per channel (:mod:`workers._kombu_redis`).
+_REDIS_TRANSPORT = "workers._kombu_redis:Transport"
+
+
+def _broker_transport(url: str) -> str | None:
+    """The transport for ``url``: ours for a Redis URL, else whatever its scheme names."""
+    scheme = url.partition("://")[0].lower()
+    return _REDIS_TRANSPORT if scheme in ("redis", "rediss") else None
+
+
 def make_celery(settings: Settings) -> Celery:
     url = settings.redis_url or DEFAULT_REDIS_URL
     app = Celery("ongrid", broker=url, backend=url)
@@ -100,6 +110,7 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        broker_transport=_broker_transport(url),
         broker_transport_options=transport,
         result_backend_transport_options=transport,
         task_queues=[Queue(name, Exchange(name), routing_key=name) for name in QUEUES.values()],
