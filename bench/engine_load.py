@@ -291,6 +291,10 @@ def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, An
     t0 = time.time()
     submitted = asyncio.run(_submit(s, PERSONA, [f"engine load {i}" for i in range(n)]))
     submit_s = time.time() - t0
+    # The API's CPU for taking the chats in: up to a moment after the last was accepted (each
+    # stream's close is handled after its headers arrive), before the transcripts are read.
+    time.sleep(1.0)
+    api_accepting = _cpu(s.api) - before["api"]
     ids = [spawn_id for spawn_id, _, _ in submitted]
     records = _wait_done(s, ids, n * turns, delay)
     rss.stop.set()
@@ -315,6 +319,8 @@ def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, An
         "delay": delay,
         "submit_s": submit_s,
         "accept_ms_median": statistics.median(1000 * (a - b) for _, b, a in submitted),
+        "chats_per_s": n / submit_s,
+        "api_cpu_ms_per_chat": api_accepting / n * 1000,
         "statuses": dict(statuses),
         "efficiency_median": statistics.median(efficiency) if efficiency else float("nan"),
         "efficiency_p10": sorted(efficiency)[len(efficiency) // 10] if efficiency else float("nan"),
@@ -334,8 +340,9 @@ def describe(f: dict[str, Any]) -> str:
     cpu = f["cpu_seconds"]
     return (
         f"engine: {f['n']} spawns × {f['turns']} turns × {f['delay']:g} s: statuses "
-        f"{f['statuses']}; submitted all in {f['submit_s']:.2f} s (accept median "
-        f"{f['accept_ms_median']:.0f} ms); efficiency median {f['efficiency_median']:.3f} (p10 "
+        f"{f['statuses']}; submitted all in {f['submit_s']:.2f} s ({f['chats_per_s']:.0f} chats/s, "
+        f"accept median {f['accept_ms_median']:.0f} ms, API {f['api_cpu_ms_per_chat']:.2f} ms CPU "
+        f"per chat); efficiency median {f['efficiency_median']:.3f} (p10 "
         f"{f['efficiency_p10']:.3f}); worker {f['worker_cpu_ms_per_turn']:.2f} ms CPU per model "
         f"turn; worker RSS {f['worker_rss_kb_per_spawn']:.0f} KB per spawn "
         f"({f['worker_rss_peak_mb']:.0f} MB peak, {f['worker_rss_idle_mb']:.0f} MB idle); "
@@ -377,6 +384,10 @@ def table(engine: dict[str, Any], floors: list[dict[str, Any]]) -> str:
     lines.append(
         f"| time to submit all {engine['n']} through the API, s | "
         f"{engine['submit_s']:.2f} |" + " |" * len(floors)
+    )
+    lines.append(
+        f"| API CPU per accepted chat, ms | {engine['api_cpu_ms_per_chat']:.2f} |"
+        + " |" * len(floors)
     )
     return "\n".join(lines)
 

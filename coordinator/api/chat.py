@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -152,17 +153,19 @@ def _open_turn(
         svc.limits.check_new_session(svc.chats, who.user)
     svc.limits.turns.take(who.user)
     if session is None:
-        title = " ".join(text.split())[:_TITLE_LENGTH]
-        session_id, after = svc.chats.create_session(who.user, title), 0
+        # The session's rows are written once the spawn is accepted, in one transaction: a
+        # refused first turn leaves nothing behind, and a new chat costs one commit.
+        session_id, after = uuid.uuid4().hex, 0
     else:
         session_id, after = session.id, svc.client.bus.last_seq(session.id)
-    try:
-        record = _spawn(svc, who, session_id, text, agent, context, budget)
-    except BaseException:
-        if session is None:  # a refused first turn leaves no empty session behind
-            svc.chats.delete_session(session_id, who.user)
-        raise
-    svc.chats.add_message(session_id, "user", text, agent=agent, spawn_id=record.spawn_id)
+    record = _spawn(svc, who, session_id, text, agent, context, budget)
+    if session is None:
+        title = " ".join(text.split())[:_TITLE_LENGTH]
+        svc.chats.start_session(
+            session_id, who.user, title, text, agent=agent, spawn_id=record.spawn_id
+        )
+    else:
+        svc.chats.add_message(session_id, "user", text, agent=agent, spawn_id=record.spawn_id)
     return _Turn(session_id, record, after)
 
 

@@ -97,7 +97,12 @@ class Services:
         self.database.engine.dispose()
 
 
-def services(request: Request) -> Services:
+# Dependencies that only compute are ``async def``: FastAPI runs a plain ``def`` dependency in its
+# thread pool, and that hop cost more CPU than the work itself (profiled on the chat path). Those
+# that read the database or Redis stay ``def``, off the event loop.
+
+
+async def services(request: Request) -> Services:
     return request.app.state.services  # type: ignore[no-any-return]
 
 
@@ -109,7 +114,7 @@ _bearer = HTTPBearer(
 )
 
 
-def caller(
+async def caller(
     request: Request,
     svc: Svc,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
@@ -121,19 +126,19 @@ def caller(
 Caller = Annotated[Principal, Depends(caller)]
 
 
-def editor(principal: Caller) -> Principal:
+async def editor(principal: Caller) -> Principal:
     """A caller whose role may edit personas (403 otherwise)."""
     require(principal, "edit_personas")
     return principal
 
 
-def approver(principal: Caller) -> Principal:
+async def approver(principal: Caller) -> Principal:
     """A caller whose role may approve tool calls (403 otherwise)."""
     require(principal, "approve")
     return principal
 
 
-def auditor(principal: Caller) -> Principal:
+async def auditor(principal: Caller) -> Principal:
     """A caller whose role may read the audit trail (403 otherwise)."""
     require(principal, "audit")
     return principal

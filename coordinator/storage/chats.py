@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     delete,
     func,
+    insert,
     select,
     update,
 )
@@ -141,6 +142,36 @@ class ChatStore:
         except IntegrityError:
             raise UserError(f"chat session {sid!r} already exists") from None
         return sid
+
+    def start_session(
+        self,
+        session_id: str,
+        user: str,
+        title: str,
+        first: str,
+        *,
+        agent: str | None = None,
+        spawn_id: str | None = None,
+    ) -> None:
+        """Create the session and its first (user) message in one transaction: one commit per new
+        chat, and no empty session left behind when the turn is refused before it."""
+        if not _SESSION_ID.match(session_id):
+            raise UserError(
+                f"chat session id {session_id[:80]!r}: use 1-64 letters, digits, '_' or '-'"
+            )
+        now = utcnow()
+        session = {"id": session_id, "owner": user, "title": title}
+        message = {"session_id": session_id, "role": "user", "content": first}
+        try:
+            with self._sessions.begin() as db:
+                db.execute(insert(_SessionRow).values(**session, created_at=now, updated_at=now))
+                db.execute(
+                    insert(_MessageRow).values(
+                        **message, agent=agent, spawn_id=spawn_id, created_at=now
+                    )
+                )
+        except IntegrityError:
+            raise UserError(f"chat session {session_id!r} already exists") from None
 
     def get_session(self, session_id: str, user: str) -> ChatSession | None:
         """The session if it exists and belongs to ``user``; None otherwise (answer 404)."""

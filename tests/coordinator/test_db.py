@@ -631,6 +631,24 @@ def test_bad_messages_and_session_ids_are_refused(chats: ChatStore) -> None:
         chats.add_message("missing", "user", "x")
 
 
+def test_a_session_starts_with_its_first_message_in_one_transaction(chats: ChatStore) -> None:
+    chats.start_session("chat-1", "alice", "db-1 full", "why is db-1 full?", spawn_id="s-1")
+    (session,) = chats.list_sessions("alice")
+    assert (session.id, session.title, session.created_at) == (
+        "chat-1",
+        "db-1 full",
+        session.updated_at,
+    )
+    (first,) = chats.messages("chat-1")
+    assert (first.role, first.content, first.spawn_id) == ("user", "why is db-1 full?", "s-1")
+    # A taken or malformed id is refused and changes nothing.
+    with pytest.raises(UserError, match="already exists"):
+        chats.start_session("chat-1", "bob", "t", "mine now")
+    with pytest.raises(UserError, match="letters, digits"):
+        chats.start_session("../etc", "bob", "t", "x")
+    assert chats.list_sessions("bob") == [] and len(chats.messages("chat-1")) == 1
+
+
 def test_deleting_a_session_deletes_its_messages(migrated: Engine, chats: ChatStore) -> None:
     doomed, kept = chats.create_session("alice"), chats.create_session("alice")
     for sid in (doomed, kept):
