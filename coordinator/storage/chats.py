@@ -18,6 +18,7 @@ from sqlalchemy import (
     Index,
     MetaData,
     String,
+    Table,
     Text,
     delete,
     func,
@@ -123,11 +124,17 @@ def _message(row: _MessageRow) -> ChatMessage:
     )
 
 
+_SESSIONS = cast(Table, _SessionRow.__table__)
+_MESSAGES = cast(Table, _MessageRow.__table__)
+
+
 class ChatStore:
     """Chat sessions and their messages. Sessions are per user: another user's is invisible."""
 
     def __init__(self, engine: Engine) -> None:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        #: For the statements of every chat turn: Core, without the ORM session's bookkeeping.
+        self._engine = engine
 
     def create_session(self, user: str, title: str = "", *, session_id: str | None = None) -> str:
         """Start a session and return its id (a fresh one unless ``session_id`` is given)."""
@@ -163,12 +170,11 @@ class ChatStore:
         session = {"id": session_id, "owner": user, "title": title}
         message = {"session_id": session_id, "role": "user", "content": first}
         try:
-            with self._sessions.begin() as db:
-                db.execute(insert(_SessionRow).values(**session, created_at=now, updated_at=now))
+            with self._engine.begin() as db:
+                db.execute(insert(_SESSIONS), {**session, "created_at": now, "updated_at": now})
                 db.execute(
-                    insert(_MessageRow).values(
-                        **message, agent=agent, spawn_id=spawn_id, created_at=now
-                    )
+                    insert(_MESSAGES),
+                    {**message, "agent": agent, "spawn_id": spawn_id, "created_at": now},
                 )
         except IntegrityError:
             raise UserError(f"chat session {session_id!r} already exists") from None
@@ -192,8 +198,8 @@ class ChatStore:
 
     def count_sessions(self, user: str) -> int:
         """How many sessions ``user`` keeps."""
-        query = select(func.count()).select_from(_SessionRow).where(_SessionRow.owner == user)
-        with self._sessions() as db:
+        query = select(func.count()).select_from(_SESSIONS).where(_SESSIONS.c.owner == user)
+        with self._engine.connect() as db:
             return int(db.scalar(query) or 0)
 
     def delete_session(self, session_id: str, user: str) -> bool:
