@@ -486,6 +486,16 @@ _SPECIALIST_QUEUES = "ongrid.interactive,ongrid.background"
     help="Without --queues: coordinator turns held at once by the child process that serves "
     "ongrid.coordinator, apart from the specialists' slots (0: no such child).",
 )
+@click.option(
+    "--processes",
+    "-p",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1, max=256),
+    help="Processes consuming the same queues, each with its own event loop and -c slots: one "
+    "process uses one core at most (the GIL), so give one per core the worker may use. The "
+    "others are children named <name>-2… <name>-N, restarted if they die, stopped with this one.",
+)
 @click.option("--name", default="worker", show_default=True)
 @click.option("--loglevel", default="INFO", show_default=True)
 @click.option("--exit-with-parent", type=int, default=None, hidden=True)
@@ -493,29 +503,44 @@ def worker(
     queues: str | None,
     concurrency: int,
     coordinator_slots: int,
+    processes: int,
     name: str,
     loglevel: str,
     exit_with_parent: int | None,
 ) -> None:
     """Run a Celery worker (threads pool) that executes spawns and coordinator turns."""
-    from coordinator.worker import CoordinatorPool, die_with_parent, worker_app
+    from coordinator.worker import ChildWorker, die_with_parent, worker_app
 
-    if exit_with_parent is not None:  # the coordinator pool of a plain `ongrid worker`
+    if exit_with_parent is not None:  # a child of a plain `ongrid worker`
         die_with_parent(exit_with_parent)
     settings = _settings()
-    pool = None
+    children = []
     if queues is None:
         queues = _SPECIALIST_QUEUES
         if coordinator_slots:
-            pool = CoordinatorPool(name=name, slots=coordinator_slots, loglevel=loglevel)
+            children.append(
+                ChildWorker.coordinator_pool(name=name, slots=coordinator_slots, loglevel=loglevel)
+            )
+    # Metrics ports: this process's, +1 for the coordinator pool, +2… for the other processes.
+    children += [
+        ChildWorker(
+            name=f"{name}-{number}",
+            queues=queues,
+            concurrency=concurrency,
+            loglevel=loglevel,
+            port_offset=number,
+            what=f"worker process {number}",
+        )
+        for number in range(2, processes + 1)
+    ]
     app = worker_app(settings)
-    if pool is not None:
-        pool.start()  # before this process hardens itself: the child inherits the environment
+    for child in children:
+        child.start()  # before this process hardens itself: children inherit the environment
     try:
         app.worker_main(_worker_argv(queues, concurrency, name, loglevel))
     finally:
-        if pool is not None:
-            pool.stop()
+        for child in children:
+            child.stop()
 
 
 @main.command()

@@ -27,7 +27,7 @@ This module lives under ``coordinator/`` because a worker process is composed of
 the runtime from ``workers/``, the database and the coordinator from here. ``workers.app``, the
 module the raw Celery command names, reaches it only when Celery first asks for ``app``.
 
-A plain ``ongrid worker`` also serves coordinator turns, in a :class:`CoordinatorPool`: a child
+A plain ``ongrid worker`` also serves coordinator turns, in a :class:`ChildWorker`: a child
 ``ongrid worker --queues ongrid.coordinator`` process with slots of its own. A coordinator turn
 holds its slot while it waits on specialists; in a pool of its own, turns can never take every
 slot the specialists need. Its metrics are served on the next port, ``metrics_port + 1``.
@@ -61,7 +61,7 @@ from workers.presence import RENEW_FRACTION
 from workers.runtime import WorkerRuntime, use_worker_runtime
 from workers.tracing import init_tracing, shutdown_tracing
 
-__all__ = ["CoordinatorPool", "build_runtime", "die_with_parent", "entry_app", "worker_app"]
+__all__ = ["ChildWorker", "build_runtime", "die_with_parent", "entry_app", "worker_app"]
 
 log = logging.getLogger(__name__)
 
@@ -279,36 +279,61 @@ def die_with_parent(parent_pid: int) -> None:
         raise SystemExit("ongrid worker: the parent worker is gone")
 
 
-class CoordinatorPool:
-    """The ``ongrid worker --queues ongrid.coordinator`` child of a plain ``ongrid worker``.
+class ChildWorker:
+    """An ``ongrid worker`` child process of a plain ``ongrid worker``: its coordinator pool
+    (``ongrid.coordinator``), or one more process for the specialists' queues (``--processes``).
 
     Started before the parent hardens itself, with a copy of its environment (which the
     restarts reuse: the parent's own ``os.environ`` no longer holds the secrets then). Restarted
     with a growing back-off when it dies; told to shut down as soon as the parent begins to;
-    killed with the parent by the kernel (:func:`die_with_parent`).
+    killed with the parent by the kernel (:func:`die_with_parent`). ``port_offset``: its metrics
+    port is the parent's plus this (two processes cannot serve one).
     """
 
-    def __init__(self, *, name: str, slots: int, loglevel: str) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        queues: str,
+        concurrency: int,
+        loglevel: str,
+        port_offset: int,
+        what: str,
+    ) -> None:
         self.argv = [
             sys.executable,
             "-m",
             "coordinator",
             "worker",
-            f"--queues={QUEUES['coordinator']}",
-            f"--name={name}-coordinator",
-            f"--concurrency={slots}",
+            f"--queues={queues}",
+            f"--name={name}",
+            f"--concurrency={concurrency}",
             f"--loglevel={loglevel}",
             f"--exit-with-parent={os.getpid()}",
         ]
+        self.port_offset = port_offset
+        #: How the log names it: "the coordinator pool", "worker process 2"…
+        self.what = what
         self._env: dict[str, str] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
 
-    def start(self) -> CoordinatorPool:
-        self._env = _pool_environ(dict(os.environ))
+    @classmethod
+    def coordinator_pool(cls, *, name: str, slots: int, loglevel: str) -> ChildWorker:
+        return cls(
+            name=f"{name}-coordinator",
+            queues=QUEUES["coordinator"],
+            concurrency=slots,
+            loglevel=loglevel,
+            port_offset=1,
+            what="the coordinator pool",
+        )
+
+    def start(self) -> ChildWorker:
+        self._env = _child_environ(dict(os.environ), self.port_offset)
         self._spawn()
-        threading.Thread(target=self._supervise, name="coordinator-pool", daemon=True).start()
+        threading.Thread(target=self._supervise, name=f"child-{self.what}", daemon=True).start()
         worker_shutting_down.connect(self._on_parent_shutdown, weak=False)
         return self
 
@@ -316,7 +341,7 @@ class CoordinatorPool:
         with self._lock:
             if not self._stopping.is_set():
                 self._proc = subprocess.Popen(self.argv, env=self._env)
-                log.info("coordinator pool started (pid %d)", self._proc.pid)
+                log.info("%s started (pid %d)", self.what, self._proc.pid)
 
     def _supervise(self) -> None:
         backoff = 1.0
@@ -328,7 +353,8 @@ class CoordinatorPool:
             if time.monotonic() - started > _STABLE_AFTER:
                 backoff = 1.0
             log.error(
-                "the coordinator pool (pid %d) exited with status %s; starting it again in %.0f s",
+                "%s (pid %d) exited with status %s; starting it again in %.0f s",
+                self.what,
                 self._proc.pid,
                 code,
                 backoff,
@@ -357,13 +383,14 @@ class CoordinatorPool:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            log.error("the coordinator pool did not stop within %.0f s; killing it", timeout)
+            log.error("%s did not stop within %.0f s; killing it", self.what, timeout)
             proc.kill()
             proc.wait()
 
 
-def _pool_environ(environ: dict[str, str]) -> dict[str, str]:
-    """The coordinator pool's environment: the parent's, with the next metrics port (two
-    processes cannot serve one), whether the parent's came from the environment or the file."""
+def _child_environ(environ: dict[str, str], port_offset: int) -> dict[str, str]:
+    """A child worker's environment: the parent's, with the parent's metrics port plus
+    ``port_offset`` (two processes cannot serve one), whether the parent's came from the
+    environment or the file."""
     port = Settings.load(environ).metrics_port
-    return {**environ, "ONGRID_METRICS_PORT": str(port + 1)} if port else environ
+    return {**environ, "ONGRID_METRICS_PORT": str(port + port_offset)} if port else environ

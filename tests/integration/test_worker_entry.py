@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from harness import MODEL, Cluster, Proc, wait_for
+from faults import release
+from harness import MODEL, Cluster, Proc, first_user, wait_for
 from procs import ALL_QUEUES, ongrid, pid_alive, raw_celery, wait_consumers
 
 from coordinator.storage.engine import make_engine, upgrade
@@ -264,3 +265,60 @@ def test_importing_the_packages_reads_and_changes_no_environment(tmp_path: Path)
     # The entry builds its app on first access, from settings loaded then, once.
     assert found["loads_after_app"] == 1
     assert found["broker"] == "redis://sentinel.invalid:6390/3"
+
+
+def test_processes_share_the_queues_and_one_that_dies_is_started_again(site: Site):
+    """``--processes 2``: two processes, each with its own slots, consume the same queue; one
+    killed is started again; a warm shutdown of the parent stops both."""
+    fake = site.cluster.fake
+    fake.script(
+        [
+            {
+                "where": "system",
+                "match": "# Keeper stored in the database",
+                "hold": "keepers",
+                "reply": {"content": SPECIALIST_ANSWER},
+            }
+        ]
+    )
+    argv = ongrid("worker", "-c", "3", "--processes=2", "--queues=ongrid.interactive")
+    proc = _start(site, "multi", [*argv, "--name=multi"])
+
+    def both() -> list[str] | None:
+        assert proc.alive(), proc.log()
+        found = site.client.consumers("ongrid.interactive")["ongrid.interactive"]
+        return found if len(found) == 2 else None
+
+    names = sorted(wait_for(both, 90, "two consumers"), key=lambda n: n.split("@")[0])
+    assert [n.split("@")[0] for n in names] == ["multi", "multi-2"]
+    child_pid = int(names[1].rsplit(" ", 1)[1])
+    assert child_pid != proc.pid
+
+    # Six spawns held by the model at once: only both processes' three slots hold them all.
+    spawns = [site.client.spawn("db_keeper", f"Held question {i}.") for i in range(6)]
+    wait_for(
+        lambda: (
+            len({first_user(r) for r in fake.requests() if "Held question" in first_user(r)}) == 6
+        ),
+        90,
+        "six model requests in flight at once",
+    )
+    release(fake, "keepers")
+    for spawn in spawns:
+        done = site.client.wait(spawn.spawn_id, timeout=90)
+        assert (done.status, done.result) == ("ok", SPECIALIST_ANSWER), done.error
+
+    os.kill(child_pid, signal.SIGKILL)
+
+    def restarted() -> int | None:
+        found = both()
+        pids = [int(n.rsplit(" ", 1)[1]) for n in found or () if n.startswith("multi-2@")]
+        return pids[0] if pids and pids[0] != child_pid else None
+
+    again = wait_for(restarted, 90, "the killed process started again")
+    assert "worker process 2 (pid" in proc.log() and "starting it again" in proc.log()
+
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(timeout=90) == 0, proc.log()
+    assert not pid_alive(again)
+    assert site.client.consumers("ongrid.interactive") == {"ongrid.interactive": []}
