@@ -120,8 +120,11 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 60.
     raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
 
 
-def _wait_consumer(api_url: str, token: str, worker: h.Worker, timeout: float = 60.0) -> None:
-    """Until the API sees a live consumer of the interactive queue (else it refuses chats)."""
+def _wait_consumer(
+    api_url: str, token: str, worker: h.Worker, processes: int = 1, timeout: float = 60.0
+) -> None:
+    """Until the API sees ``processes`` live consumers of the interactive queue (it refuses
+    chats without one; the load would land on fewer processes than asked before)."""
     deadline = time.monotonic() + timeout
     auth = {"Authorization": f"Bearer {token}"}
     while time.monotonic() < deadline:
@@ -130,7 +133,7 @@ def _wait_consumer(api_url: str, token: str, worker: h.Worker, timeout: float = 
         try:
             ready = httpx.get(f"{api_url}/readyz", headers=auth, timeout=5).json()
             queue = (ready.get("queues") or {}).get("ongrid.interactive") or {}
-            if queue.get("consumers"):
+            if (queue.get("consumers") or 0) >= processes:
                 return
         except (httpx.HTTPError, ValueError):
             pass
@@ -146,6 +149,7 @@ def stack(
     fake: fast_fake.Running,
     source: Path | None = None,
     stream_replies: str = "watched",
+    processes: int = 1,
 ) -> Iterator[Stack]:
     """The API and one worker; ``source``: run them from that tree (e.g. an exported commit);
     ``stream_replies``: the worker's setting (``always`` streams every reply, as if each spawn
@@ -171,14 +175,21 @@ def stack(
     ongrid = [sys.executable, "-m", "coordinator"]
     api_argv = [*ongrid, "api", "--host", "127.0.0.1", "--port", str(port)]
     worker_argv = [*ongrid, "worker", "-c", str(concurrency), "--queues", "ongrid.interactive"]
-    worker_argv += ["--name", "bench-engine", "--loglevel", "WARNING"]
+    worker_argv += [
+        "--name",
+        "bench-engine",
+        "--loglevel",
+        "WARNING",
+        "--processes",
+        str(processes),
+    ]
     api_url = f"http://127.0.0.1:{port}"
     with ExitStack() as stop:
         api = stop.enter_context(_process(api_argv, site, env, site / "api.log"))
         wproc = stop.enter_context(_process(worker_argv, site, env, site / "worker.log"))
         worker = h.Worker(wproc, "bench-engine", concurrency, site / "worker.log")
         _wait_http(f"{api_url}/healthz", api, site / "api.log")
-        _wait_consumer(api_url, token, worker)
+        _wait_consumer(api_url, token, worker, processes)
         yield Stack(api_url, token, fake, psutil.Process(api.pid), worker)
 
 
@@ -332,7 +343,8 @@ def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, An
         "fake_requests": stats["requests"],
         "repeats": stats["repeats"],
         "fake_open_streams_peak": stats["open_streams_peak"],
-        "wall_s": max((records[i].get("updated") or t0) for i in ids) - t0,
+        "wall_s": (wall := max((records[i].get("updated") or t0) for i in ids) - t0),
+        "turns_per_s": model_turns / wall if wall > 0 else float("nan"),
     }
 
 
@@ -347,7 +359,8 @@ def describe(f: dict[str, Any]) -> str:
         f"turn; worker RSS {f['worker_rss_kb_per_spawn']:.0f} KB per spawn "
         f"({f['worker_rss_peak_mb']:.0f} MB peak, {f['worker_rss_idle_mb']:.0f} MB idle); "
         f"{f['repeats']} repeats of {f['fake_requests']} requests (peak "
-        f"{f['fake_open_streams_peak']} open); wall {f['wall_s']:.1f} s; CPU s: worker "
+        f"{f['fake_open_streams_peak']} open); wall {f['wall_s']:.1f} s "
+        f"({f['turns_per_s']:.0f} model turns/s); CPU s: worker "
         f"{cpu['worker']:.1f}, api {cpu['api']:.1f}, redis {cpu['redis']:.1f}, fake "
         f"{cpu['fake']:.1f}, machine {cpu['machine']:.1f}"
     )
@@ -416,6 +429,9 @@ def main() -> None:
         choices=["watched", "always", "never"],
         help="the worker's stream_replies (the chats are not watched: `always` forces streaming)",
     )
+    parser.add_argument(
+        "--processes", type=int, default=1, help="the worker's --processes (-c each)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with ExitStack() as stop:
@@ -425,12 +441,19 @@ def main() -> None:
         fake = stop.enter_context(fast_fake.running())
         s = stop.enter_context(
             stack(
-                site, args.redis_url, args.n + args.margin, fake, args.source, args.stream_replies
+                site,
+                args.redis_url,
+                args.n + args.margin,
+                fake,
+                args.source,
+                args.stream_replies,
+                args.processes,
             )
         )
         tree = args.source or Path(__file__).resolve().parent.parent
         print(
-            f"fast_fake {fake.base_url}, API {s.api_url}, worker -c {args.n + args.margin}, "
+            f"fast_fake {fake.base_url}, API {s.api_url}, worker -c {args.n + args.margin} "
+            f"× {args.processes} process(es), "
             f"stream_replies={args.stream_replies}, runtime from {tree}"
         )
         engine = run_load(s, r, args.n, args.turns, args.delay)
