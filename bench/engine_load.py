@@ -51,6 +51,10 @@ import psutil  # noqa: E402
 
 PERSONA, WARM_PERSONA = "bench_load", "bench_warm"
 FINAL = {"ok", "failed", "cancelled"}
+#: The warm-up spawns' turn: long enough for all of them to be in flight at once, so the worker
+#: has made every thread of its pool (and each thread's result-backend client) before the
+#: measurement, as a worker that has been up a while has: their creation is not a turn's cost.
+WARM_DELAY = 3.0
 SUBMITTERS = 32  # chats submitted at once; a browser-like client load, not a flood
 
 
@@ -75,7 +79,7 @@ def write_site(root: Path, model: str, turns: int, delay: float, chunks: int) ->
     (root / "agents").mkdir(parents=True, exist_ok=True)
     (root / "marketplace").mkdir(exist_ok=True)
     load = f"fastfake: delay={delay} chunks={chunks} turns={turns} tool={floor.TOOL}"
-    warm = f"fastfake: delay=0 chunks={chunks} turns=2 tool={floor.TOOL}"
+    warm = f"fastfake: delay={WARM_DELAY:g} chunks={chunks} turns=2 tool={floor.TOOL}"
     (root / "agents" / f"{PERSONA}.md").write_text(_persona(PERSONA, model, load, turns + 2))
     (root / "agents" / f"{WARM_PERSONA}.md").write_text(_persona(WARM_PERSONA, model, warm, 4))
     return root
@@ -284,9 +288,9 @@ def _cpu(p: psutil.Process) -> float:
 
 
 def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, Any]:
-    # Warm the worker (imports, connections, first model call) before anything is measured.
-    warm = asyncio.run(_submit(s, WARM_PERSONA, [f"warm {i}" for i in range(4)]))
-    _wait_done(s, [w[0] for w in warm], 8, 0.0)
+    # Warm the worker (imports, connections, its pool's threads) before anything is measured.
+    warm = asyncio.run(_submit(s, WARM_PERSONA, [f"warm {i}" for i in range(n)]))
+    _wait_done(s, [w[0] for w in warm], 2 * n, WARM_DELAY)
     h.wait_quiet(max_wait=10, threshold=0.2)
     s.fake.reset()
     before = {

@@ -7,6 +7,8 @@ them a spawn may call lives in :mod:`registry.policy`.
 
 from __future__ import annotations
 
+import copy
+import functools
 import inspect
 import json
 import threading
@@ -121,11 +123,9 @@ class BaseTool(ABC):
 
     @property
     def parameters(self) -> dict[str, Any]:
-        """The JSON schema of the arguments, as sent to the model."""
-        schema = self.args_model.model_json_schema()
-        schema.pop("title", None)
-        schema.setdefault("properties", {})
-        return schema
+        """The JSON schema of the arguments, as sent to the model (a copy: callers may change
+        it)."""
+        return copy.deepcopy(_schema_of(self.args_model))
 
     def validate_arguments(self, arguments: Mapping[str, Any] | None) -> BaseModel:
         """Check ``arguments`` against the schema; :class:`ToolArgumentError` says what is wrong.
@@ -165,6 +165,16 @@ class BaseTool(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} ({self.tool_class.value})>"
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_of(args_model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema of ``args_model``, generated once: pydantic builds it anew on each call,
+    which showed in a worker's profile (every spawn describes its tools)."""
+    schema = args_model.model_json_schema()
+    schema.pop("title", None)
+    schema.setdefault("properties", {})
+    return schema
 
 
 def _argument_problem(arguments: dict[str, Any]) -> str:
