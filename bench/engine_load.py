@@ -1,22 +1,29 @@
-"""The floor's load through the real system: N chats submitted to the API, one worker process.
+"""The floor's load through the real system: N chats submitted to the API, one worker.
 
-    .venv/bin/python bench/engine_load.py [--n 200] [--turns 5] [--delay 5] [--chunks 40]
-                                          [--margin 64] [--floor PATH,PATH] [--redis-url URL]
+    .venv/bin/python bench/engine_load.py [--n 200] [--turns 5] [--delay 10,5,2] [--chunks 40]
+                                          [--floor cheapest,default] [--profile]
+                                          [--processes N] [--margin 64] [--redis-url URL]
 
 What a user's load costs on the runtime, beside what it costs on bare litellm (``bench/floor.py``,
 with ``--floor``, measured in the same run against the same server). It starts
-``bench/fast_fake.py``, ``ongrid api`` and one ``ongrid worker -c N+margin`` on the interactive
-queue, in a directory whose ``agents/`` holds one persona on ``openai/<model>`` that calls
-``get_edge_summary`` until its last turn; ``OPENAI_API_BASE`` points at the fake. The N chats go
+``bench/fast_fake.py``, ``ongrid api`` and one ``ongrid worker -c N+margin [--processes N]`` on
+the interactive queue, in a directory whose ``agents/`` holds a persona per turn delay on
+``openai/<model>`` that calls ``get_edge_summary`` until its last turn; ``OPENAI_API_BASE``
+points at the fake. The worker is first warmed with N short spawns in flight at once (its pool's
+threads exist, as in a worker that has been up a while). Then, for each delay, the N chats go
 through ``POST /api/v1/chat`` with ``agent`` set (a direct spawn: no coordinator model), each
-stream closed once its headers name the spawn.
+stream closed once its headers name the spawn, and the floor runs the same load.
 
 Only the CLI, the HTTP API and the fake's counters are read, so the worker's internals may change
 freely: the fake says when every model turn has been answered (its ``/_stats``, polled), then each
 spawn's transcript (``GET /api/v1/spawns/{id}``) gives its status and final save time. Figures:
-time to submit all N; per-spawn efficiency = ideal (T × D) ÷ (final save − submission), median;
-worker CPU per model turn; worker RSS per spawn in flight ((peak − idle) ÷ N); repeats at the fake;
-spawns finished; the API's, the fake's and Redis's CPU beside the worker's.
+chats accepted per second and the API's CPU per chat (to a second after the last was accepted);
+per-spawn efficiency = ideal (T × D) ÷ (final save − submission), median and p10; worker CPU per
+model turn and its ratio to the floor's per call; worker RSS per spawn in flight ((peak − idle) ÷
+N); peak model calls in flight and repeats at the fake; model turns per second; the API's, the
+fake's and Redis's CPU beside the worker's. ``--profile`` samples the worker with py-spy during
+each load and prints its ten costliest functions (own samples, and that share of a turn's CPU).
+A summary table closes the run.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import asyncio
 import json
 import os
 import secrets
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -34,7 +43,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,13 +83,23 @@ Investigate briefly. {directive}
 """
 
 
-def write_site(root: Path, model: str, turns: int, delay: float, chunks: int) -> Path:
-    """The processes' working directory: the two personas and the config with one token."""
+def load_persona(index: int) -> str:
+    """The load persona of the ``index``-th turn delay of a run (:data:`PERSONA` for the first)."""
+    return PERSONA if index == 0 else f"{PERSONA}_{index}"
+
+
+def write_site(
+    root: Path, model: str, turns: int, delay: float, chunks: int, more: Sequence[float] = ()
+) -> Path:
+    """The processes' working directory: a load persona per turn delay (``delay``, then
+    ``more``; see :func:`load_persona`) and the warm-up persona."""
     (root / "agents").mkdir(parents=True, exist_ok=True)
     (root / "marketplace").mkdir(exist_ok=True)
-    load = f"fastfake: delay={delay} chunks={chunks} turns={turns} tool={floor.TOOL}"
+    for index, each in enumerate((delay, *more)):
+        load = f"fastfake: delay={each} chunks={chunks} turns={turns} tool={floor.TOOL}"
+        name = load_persona(index)
+        (root / "agents" / f"{name}.md").write_text(_persona(name, model, load, turns + 2))
     warm = f"fastfake: delay={WARM_DELAY:g} chunks={chunks} turns=2 tool={floor.TOOL}"
-    (root / "agents" / f"{PERSONA}.md").write_text(_persona(PERSONA, model, load, turns + 2))
     (root / "agents" / f"{WARM_PERSONA}.md").write_text(_persona(WARM_PERSONA, model, warm, 4))
     return root
 
@@ -92,6 +111,8 @@ class Stack:
     fake: fast_fake.Running
     api: psutil.Process
     worker: h.Worker
+    #: The worker's RSS once it serves, before any load (its warm-up grows it for good).
+    cold_rss: int = 0
 
 
 def _free_port() -> int:
@@ -194,7 +215,8 @@ def stack(
         worker = h.Worker(wproc, "bench-engine", concurrency, site / "worker.log")
         _wait_http(f"{api_url}/healthz", api, site / "api.log")
         _wait_consumer(api_url, token, worker, processes)
-        yield Stack(api_url, token, fake, psutil.Process(api.pid), worker)
+        cold = worker.ps.memory_info().rss
+        yield Stack(api_url, token, fake, psutil.Process(api.pid), worker, cold)
 
 
 # --- the run ------------------------------------------------------------------------------------
@@ -287,11 +309,25 @@ def _cpu(p: psutil.Process) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, Any]:
-    # Warm the worker (imports, connections, its pool's threads) before anything is measured.
-    warm = asyncio.run(_submit(s, WARM_PERSONA, [f"warm {i}" for i in range(n)]))
-    _wait_done(s, [w[0] for w in warm], 2 * n, WARM_DELAY)
+def run_load(
+    s: Stack,
+    r: Any,
+    n: int,
+    turns: int,
+    delay: float,
+    *,
+    persona: str = PERSONA,
+    warm: bool = True,
+    profile: bool = False,
+) -> dict[str, Any]:
+    """One load of ``n`` chats of ``persona``; ``warm``: warm the worker first (once per
+    stack); ``profile``: record the worker with py-spy meanwhile (its top costs in the result)."""
+    if warm:
+        # Warm the worker (imports, connections, its pool's threads) before anything is measured.
+        warmed = asyncio.run(_submit(s, WARM_PERSONA, [f"warm {i}" for i in range(n)]))
+        _wait_done(s, [w[0] for w in warmed], 2 * n, WARM_DELAY)
     h.wait_quiet(max_wait=10, threshold=0.2)
+    profiler = _Profiler(s.worker.ps.pid) if profile else None
     s.fake.reset()
     before = {
         "worker": s.worker.cpu_seconds(),
@@ -300,11 +336,14 @@ def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, An
         "fake": s.fake.stats()["cpu_seconds"],
         "machine": h.machine_busy_seconds(),
     }
-    idle_rss = s.worker.ps.memory_info().rss
+    # Per spawn: (peak − the RSS before any load) ÷ N. The warm-up's threads and what its
+    # spawns left allocated count against the load: an upper bound, not flattered by them.
+    idle_rss = s.cold_rss or s.worker.ps.memory_info().rss
     rss = _RssPeak(s.worker.ps)
     rss.start()
     t0 = time.time()
-    submitted = asyncio.run(_submit(s, PERSONA, [f"engine load {i}" for i in range(n)]))
+    prompts = [f"engine load {delay:g} {i}" for i in range(n)]
+    submitted = asyncio.run(_submit(s, persona, prompts))
     submit_s = time.time() - t0
     # The API's CPU for taking the chats in: up to a moment after the last was accepted (each
     # stream's close is handled after its headers arrive), before the transcripts are read.
@@ -313,6 +352,7 @@ def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, An
     ids = [spawn_id for spawn_id, _, _ in submitted]
     records = _wait_done(s, ids, n * turns, delay)
     rss.stop.set()
+    top = profiler.stop() if profiler is not None else []
     stats = s.fake.stats()
     cpu = {
         "worker": s.worker.cpu_seconds() - before["worker"],
@@ -349,7 +389,52 @@ def run_load(s: Stack, r: Any, n: int, turns: int, delay: float) -> dict[str, An
         "fake_open_streams_peak": stats["open_streams_peak"],
         "wall_s": (wall := max((records[i].get("updated") or t0) for i in ids) - t0),
         "turns_per_s": model_turns / wall if wall > 0 else float("nan"),
+        "profile_top": top,
     }
+
+
+class _Profiler:
+    """py-spy recording a process (every thread, samples holding the GIL) until :meth:`stop`,
+    which returns its ten costliest functions by their own samples: (function, share)."""
+
+    def __init__(self, pid: int) -> None:
+        self.out = Path(tempfile.mkstemp(prefix="engine-profile-", suffix=".txt")[1])
+        spy = shutil.which("py-spy") or shutil.which(
+            "py-spy", path=str(Path(sys.executable).parent)
+        )
+        if spy is None:
+            raise SystemExit("--profile needs py-spy (pip install py-spy)")
+        argv = [spy, "record", "--nonblocking", "--gil", "--rate", "200", "--format", "raw"]
+        self.proc = subprocess.Popen(
+            [*argv, "--output", str(self.out), "--pid", str(pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> list[tuple[str, float]]:
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes what it has and exits
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return []
+        own: Counter[str] = Counter()
+        for line in self.out.read_text(errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if stack and count.isdigit():
+                own[stack.rsplit(";", 1)[-1] or "(native)"] += int(count)
+        self.out.unlink(missing_ok=True)
+        total = sum(own.values()) or 1
+        return [(name, samples / total) for name, samples in own.most_common(10)]
+
+
+def describe_profile(f: dict[str, Any]) -> str:
+    """The worker's ten costliest functions: share of its samples and ms per model turn."""
+    per_turn = f["worker_cpu_ms_per_turn"]
+    return "\n".join(
+        f"  {share * 100:5.1f} %  {share * per_turn:5.2f} ms/turn  {name}"
+        for name, share in f["profile_top"]
+    )
 
 
 def describe(f: dict[str, Any]) -> str:
@@ -361,7 +446,7 @@ def describe(f: dict[str, Any]) -> str:
         f"per chat); efficiency median {f['efficiency_median']:.3f} (p10 "
         f"{f['efficiency_p10']:.3f}); worker {f['worker_cpu_ms_per_turn']:.2f} ms CPU per model "
         f"turn; worker RSS {f['worker_rss_kb_per_spawn']:.0f} KB per spawn "
-        f"({f['worker_rss_peak_mb']:.0f} MB peak, {f['worker_rss_idle_mb']:.0f} MB idle); "
+        f"({f['worker_rss_peak_mb']:.0f} MB peak, {f['worker_rss_idle_mb']:.0f} MB before any load); "
         f"{f['repeats']} repeats of {f['fake_requests']} requests (peak "
         f"{f['fake_open_streams_peak']} open); wall {f['wall_s']:.1f} s "
         f"({f['turns_per_s']:.0f} model turns/s); CPU s: worker "
@@ -413,7 +498,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--delay", type=float, default=5.0)
+    parser.add_argument(
+        "--delay",
+        type=_delays,
+        default=[5.0],
+        help="seconds per model turn; several (10,5,2): the same load at each, in one run",
+    )
     parser.add_argument("--chunks", type=int, default=40)
     parser.add_argument("--margin", type=int, default=64, help="worker slots beyond n")
     parser.add_argument("--model", default="openai/gpt-4o-mini")
@@ -436,11 +526,17 @@ def main() -> None:
     parser.add_argument(
         "--processes", type=int, default=1, help="the worker's --processes (-c each)"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record the worker with py-spy during each load; print its ten costliest functions",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with ExitStack() as stop:
         tmp = Path(stop.enter_context(tempfile.TemporaryDirectory(prefix="bench-engine-")))
-        site = write_site(tmp, args.model, args.turns, args.delay, args.chunks)
+        first, *more = args.delay
+        site = write_site(tmp, args.model, args.turns, first, args.chunks, more)
         r = stop.enter_context(h.flushed_db(args.redis_url))
         fake = stop.enter_context(fast_fake.running())
         s = stop.enter_context(
@@ -460,20 +556,83 @@ def main() -> None:
             f"× {args.processes} process(es), "
             f"stream_replies={args.stream_replies}, runtime from {tree}"
         )
-        engine = run_load(s, r, args.n, args.turns, args.delay)
-        print(describe(engine), flush=True)
-        if engine["statuses"].get("ok", 0) < args.n:
-            print(f"worker log tail:\n{s.worker.log_tail(40)}")
-        floors = []
-        for path in filter(None, args.floor.split(",")):
-            h.wait_quiet(max_wait=10, threshold=0.2)
-            f = floor.run_floor(args.n, args.turns, args.delay, args.chunks, path, fake.base_url)
-            print(floor.describe(f), flush=True)
-            floors.append(f)
-        print()
-        print(table(engine, floors))
+        results = []
+        for index, delay in enumerate(args.delay):
+            engine = run_load(
+                s,
+                r,
+                args.n,
+                args.turns,
+                delay,
+                persona=load_persona(index),
+                warm=index == 0,
+                profile=args.profile,
+            )
+            print(describe(engine), flush=True)
+            if args.profile:
+                print(f"worker profile, top ten by own samples:\n{describe_profile(engine)}")
+            if engine["statuses"].get("ok", 0) < args.n:
+                print(f"worker log tail:\n{s.worker.log_tail(40)}")
+            floors = []
+            for path in filter(None, args.floor.split(",")):
+                h.wait_quiet(max_wait=10, threshold=0.2)
+                f = floor.run_floor(args.n, args.turns, delay, args.chunks, path, fake.base_url)
+                print(floor.describe(f), flush=True)
+                floors.append(f)
+            print()
+            print(table(engine, floors))
+            print()
+            results.append({"engine": engine, "floors": floors})
+        print(summary(results))
     if args.json:
-        args.json.write_text(json.dumps({"engine": engine, "floors": floors}, indent=1))
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+def _delays(text: str) -> list[float]:
+    try:
+        delays = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds, comma-separated (10,5,2)") from None
+    if not delays or any(d < 0 for d in delays):
+        raise argparse.ArgumentTypeError(f"{text!r}: one or more non-negative seconds")
+    return delays
+
+
+def summary(results: list[dict[str, Any]]) -> str:
+    """One line per turn delay: what the API took in, what the worker made of it, beside the
+    first floor measured at that delay."""
+    heads = [
+        "load",
+        "chats accepted/s",
+        "API CPU per chat, ms",
+        "peak in flight",
+        "efficiency median (p10)",
+        "floor efficiency median (p10)",
+        "worker CPU per turn, ms",
+        "floor CPU per call, ms",
+        "ratio",
+        "RSS per spawn, KB",
+        "model calls repeated",
+    ]
+    lines = ["| " + " | ".join(heads) + " |", "|---|" + "---:|" * (len(heads) - 1)]
+    for result in results:
+        e, floors = result["engine"], result["floors"]
+        f = floors[0] if floors else None
+        cells = [
+            f"{e['n']} × {e['turns']} × {e['delay']:g} s",
+            f"{e['chats_per_s']:.0f}",
+            f"{e['api_cpu_ms_per_chat']:.2f}",
+            f"{e['fake_open_streams_peak']}",
+            f"{e['efficiency_median']:.3f} ({e['efficiency_p10']:.3f})",
+            f"{f['efficiency_median']:.3f} ({f['efficiency_p10']:.3f})" if f else "–",
+            f"{e['worker_cpu_ms_per_turn']:.2f}",
+            f"{f['cpu_ms_per_turn']:.2f}" if f else "–",
+            f"{e['worker_cpu_ms_per_turn'] / f['cpu_ms_per_turn']:.2f}×" if f else "–",
+            f"{e['worker_rss_kb_per_spawn']:.0f}",
+            f"{e['repeats']}" + (f" (floor {f['repeats']})" if f else ""),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
