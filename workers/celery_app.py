@@ -127,6 +127,8 @@ def make_celery(settings: Settings) -> Celery:
         worker_pool="threads",
         worker_concurrency=1024,
     )
-    app.task(name=SPAWN_TASK, bind=True)(_run_spawn)
+    # A spawn's outcome is its record in the spawn store (and Flower reads Celery's events):
+    # nobody reads Celery's result of it, so none is stored.
+    app.task(name=SPAWN_TASK, bind=True, ignore_result=True)(_run_spawn)
     app.task(name=PING_TASK)(_ping)
     return app

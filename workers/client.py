@@ -71,6 +71,9 @@ def enqueue(settings: Settings, record: SpawnRecord) -> None:
         args=[record.spawn_id, record.persona],
         queue=record.queue,
         shadow=f"spawn {record.persona}",
+        # The spawn's outcome lives in its record; Celery's result backend would subscribe
+        # this process to a result channel per spawn and the worker would write one per spawn.
+        ignore_result=True,
     )
 
 
