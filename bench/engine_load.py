@@ -22,7 +22,8 @@ per-spawn efficiency = ideal (T × D) ÷ (final save − submission), median and
 model turn and its ratio to the floor's per call; worker RSS per spawn in flight ((peak − idle) ÷
 N); peak model calls in flight and repeats at the fake; model turns per second; the API's, the
 fake's and Redis's CPU beside the worker's. ``--profile`` samples the worker with py-spy during
-each load and prints its ten costliest functions (own samples, and that share of a turn's CPU).
+each load and prints the ten places with most of its samples (a library, a runtime module, the
+event loop) and that share of a turn's CPU.
 A summary table closes the run.
 """
 
@@ -395,7 +396,10 @@ def run_load(
 
 class _Profiler:
     """py-spy recording a process (every thread, samples holding the GIL) until :meth:`stop`,
-    which returns its ten costliest functions by their own samples: (function, share)."""
+    which returns the ten places with most of its samples: (where, share). A sample counts for
+    the code its innermost frame runs: the package of a library (``litellm``, ``redis``…), the
+    module of the runtime (``workers/loop.py``), ``event loop`` for the engine's loop itself
+    (uvloop is native code: py-spy sees only the frame that started it)."""
 
     def __init__(self, pid: int) -> None:
         self.out = Path(tempfile.mkstemp(prefix="engine-profile-", suffix=".txt")[1])
@@ -404,9 +408,9 @@ class _Profiler:
         )
         if spy is None:
             raise SystemExit("--profile needs py-spy (pip install py-spy)")
-        argv = [spy, "record", "--nonblocking", "--gil", "--rate", "200", "--format", "raw"]
+        argv = [spy, "record", "--nonblocking", "--gil", "--full-filenames", "--rate", "200"]
         self.proc = subprocess.Popen(
-            [*argv, "--output", str(self.out), "--pid", str(pid)],
+            [*argv, "--format", "raw", "--output", str(self.out), "--pid", str(pid)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -418,18 +422,38 @@ class _Profiler:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return []
-        own: Counter[str] = Counter()
+        where: Counter[str] = Counter()
         for line in self.out.read_text(errors="replace").splitlines():
             stack, _, count = line.rpartition(" ")
             if stack and count.isdigit():
-                own[stack.rsplit(";", 1)[-1] or "(native)"] += int(count)
+                where[_place(stack.rsplit(";", 1)[-1])] += int(count)
         self.out.unlink(missing_ok=True)
-        total = sum(own.values()) or 1
-        return [(name, samples / total) for name, samples in own.most_common(10)]
+        total = sum(where.values()) or 1
+        return [(name, samples / total) for name, samples in where.most_common(10)]
+
+
+#: The runtime's own packages: a frame in one is named by its module.
+_OWN = ("workers/", "coordinator/", "registry/", "marketplace/")
+
+
+def _place(frame: str) -> str:
+    """Where a py-spy frame (``function (path:line)``) runs: see :class:`_Profiler`."""
+    function, _, location = frame.partition(" (")
+    path = location.rsplit(":", 1)[0]
+    if function == "Engine._serve":
+        return "event loop (uvloop, native)"
+    if "site-packages/" in path:
+        return path.split("site-packages/", 1)[1].split("/", 1)[0].removesuffix(".py")
+    for own in _OWN:
+        if path.startswith(own) or f"/{own}" in path:
+            return own + path.split(own, 1)[1]
+    if not path:
+        return "(native)"
+    return "stdlib " + path.rsplit("/", 1)[-1].removesuffix(".py")
 
 
 def describe_profile(f: dict[str, Any]) -> str:
-    """The worker's ten costliest functions: share of its samples and ms per model turn."""
+    """The worker's ten costliest places: share of its samples and ms per model turn."""
     per_turn = f["worker_cpu_ms_per_turn"]
     return "\n".join(
         f"  {share * 100:5.1f} %  {share * per_turn:5.2f} ms/turn  {name}"
@@ -530,7 +554,7 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         action="store_true",
-        help="record the worker with py-spy during each load; print its ten costliest functions",
+        help="record the worker with py-spy during each load; print where its samples are",
     )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -571,7 +595,7 @@ def main() -> None:
             )
             print(describe(engine), flush=True)
             if args.profile:
-                print(f"worker profile, top ten by own samples:\n{describe_profile(engine)}")
+                print(f"worker profile, where its samples are:\n{describe_profile(engine)}")
             if engine["statuses"].get("ok", 0) < args.n:
                 print(f"worker log tail:\n{s.worker.log_tail(40)}")
             floors = []
