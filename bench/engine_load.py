@@ -3,6 +3,7 @@
     .venv/bin/python bench/engine_load.py [--n 200] [--turns 5] [--delay 10,5,2] [--chunks 40]
                                           [--floor cheapest,default] [--profile]
                                           [--processes N] [--margin 64] [--redis-url URL]
+                                          [--postgres postgresql+psycopg://user@host/db]
 
 What a user's load costs on the runtime, beside what it costs on bare litellm (``bench/floor.py``,
 with ``--floor``, measured in the same run against the same server). It starts
@@ -176,6 +177,7 @@ def stack(
     source: Path | None = None,
     stream_replies: str = "watched",
     processes: int = 1,
+    database_url: str = "",
 ) -> Iterator[Stack]:
     """The API and one worker; ``source``: run them from that tree (e.g. an exported commit);
     ``stream_replies``: the worker's setting (``always`` streams every reply, as if each spawn
@@ -195,6 +197,8 @@ def stack(
     env = h.worker_env(redis_url, fake.base_url, site)
     env.update(ONGRID_CONFIG=str(config), ONGRID_DATA_DIR=str(site / ".ongrid"))
     env["ONGRID_STREAM_REPLIES"] = stream_replies
+    if database_url:  # else the data directory's SQLite database
+        env["ONGRID_DATABASE_URL"] = database_url
     if source is not None:
         env["PYTHONPATH"] = str(source.resolve())
     port = _free_port()
@@ -556,6 +560,13 @@ def main() -> None:
         action="store_true",
         help="record the worker with py-spy during each load; print where its samples are",
     )
+    parser.add_argument(
+        "--postgres",
+        default="",
+        metavar="URL",
+        help="keep the API's chats in a fresh database on this PostgreSQL server "
+        "(postgresql+psycopg://user@host/db; created and dropped by the run) instead of SQLite",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with ExitStack() as stop:
@@ -564,6 +575,7 @@ def main() -> None:
         site = write_site(tmp, args.model, args.turns, first, args.chunks, more)
         r = stop.enter_context(h.flushed_db(args.redis_url))
         fake = stop.enter_context(fast_fake.running())
+        database = stop.enter_context(_fresh_postgres(args.postgres)) if args.postgres else ""
         s = stop.enter_context(
             stack(
                 site,
@@ -573,13 +585,15 @@ def main() -> None:
                 args.source,
                 args.stream_replies,
                 args.processes,
+                database,
             )
         )
         tree = args.source or Path(__file__).resolve().parent.parent
         print(
             f"fast_fake {fake.base_url}, API {s.api_url}, worker -c {args.n + args.margin} "
             f"× {args.processes} process(es), "
-            f"stream_replies={args.stream_replies}, runtime from {tree}"
+            f"stream_replies={args.stream_replies}, runtime from {tree}, chats in "
+            f"{'PostgreSQL' if database else 'SQLite'}"
         )
         results = []
         for index, delay in enumerate(args.delay):
@@ -611,6 +625,23 @@ def main() -> None:
         print(summary(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+
+
+@contextmanager
+def _fresh_postgres(server_url: str) -> Iterator[str]:
+    """A new database on the PostgreSQL server of ``server_url`` for this run, dropped after."""
+    from sqlalchemy import create_engine, make_url
+
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    name = f"bench_engine_{secrets.token_hex(6)}"
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
 
 
 def _delays(text: str) -> list[float]:
