@@ -124,6 +124,15 @@ def _message(row: _MessageRow) -> ChatMessage:
     )
 
 
+def _checked_id(session_id: str) -> str:
+    """``session_id``, or :class:`UserError` when it is not one a session may have."""
+    if not _SESSION_ID.match(session_id):
+        raise UserError(
+            f"chat session id {session_id[:80]!r}: use 1-64 letters, digits, '_' or '-'"
+        )
+    return session_id
+
+
 _SESSIONS = cast(Table, _SessionRow.__table__)
 _MESSAGES = cast(Table, _MessageRow.__table__)
 
@@ -138,9 +147,7 @@ class ChatStore:
 
     def create_session(self, user: str, title: str = "", *, session_id: str | None = None) -> str:
         """Start a session and return its id (a fresh one unless ``session_id`` is given)."""
-        sid = session_id or uuid.uuid4().hex
-        if not _SESSION_ID.match(sid):
-            raise UserError(f"chat session id {sid[:80]!r}: use 1-64 letters, digits, '_' or '-'")
+        sid = _checked_id(session_id or uuid.uuid4().hex)
         now = utcnow()
         row = _SessionRow(id=sid, owner=user, title=title, created_at=now, updated_at=now)
         try:
@@ -162,10 +169,7 @@ class ChatStore:
     ) -> None:
         """Create the session and its first (user) message in one transaction: one commit per new
         chat, and no empty session left behind when the turn is refused before it."""
-        if not _SESSION_ID.match(session_id):
-            raise UserError(
-                f"chat session id {session_id[:80]!r}: use 1-64 letters, digits, '_' or '-'"
-            )
+        _checked_id(session_id)
         now = utcnow()
         session = {"id": session_id, "owner": user, "title": title}
         message = {"session_id": session_id, "role": "user", "content": first}
