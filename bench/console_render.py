@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,16 +47,11 @@ from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import make_engine, upgrade
 from workers.events import EventBus
 from workers.messages import EVENT_ADAPTER
+from workers.testing.backends import free_port
 
 TOKEN = "bench-console-token-0123456789"
 START_TIMEOUT = 60.0
 WAIT_MS = 120_000
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @contextmanager
@@ -68,7 +62,7 @@ def _api(root: Path, redis_url: str) -> Iterator[tuple[str, str]]:
         yaml.safe_dump({"auth": {"tokens": {TOKEN: {"user": "bench", "role": "admin"}}}})
     )
     database = f"sqlite:///{root / 'ongrid.db'}"
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "ONGRID_CONFIG": str(config),

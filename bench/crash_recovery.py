@@ -59,6 +59,8 @@ import engine_load  # noqa: E402
 import fast_fake  # noqa: E402
 import redis  # noqa: E402
 
+from workers.testing.backends import free_port  # noqa: E402
+
 INTERRUPTED = "interrupted:"  # how the loop reports a call whose worker died while it ran
 QUEUE = "ongrid.interactive"
 
@@ -211,7 +213,7 @@ class Api:
 
 @contextmanager
 def api_process(site: Site) -> Iterator[Api]:
-    port = engine_load._free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "coordinator", "api", "--host", "127.0.0.1", "--port", str(port)]
     log = site.root / "api.log"
     with engine_load._process(argv, site.root, site.env, log) as proc:

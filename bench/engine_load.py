@@ -37,7 +37,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +58,8 @@ import fast_fake  # noqa: E402
 import floor  # noqa: E402
 import httpx  # noqa: E402
 import psutil  # noqa: E402
+
+from workers.testing.backends import free_port  # noqa: E402
 
 PERSONA, WARM_PERSONA = "bench_load", "bench_warm"
 FINAL = {"ok", "failed", "cancelled"}
@@ -115,12 +116,6 @@ class Stack:
     worker: h.Worker
     #: The worker's RSS once it serves, before any load (its warm-up grows it for good).
     cold_rss: int = 0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -201,7 +196,7 @@ def stack(
         env["ONGRID_DATABASE_URL"] = database_url
     if source is not None:
         env["PYTHONPATH"] = str(source.resolve())
-    port = _free_port()
+    port = free_port()
     ongrid = [sys.executable, "-m", "coordinator"]
     api_argv = [*ongrid, "api", "--host", "127.0.0.1", "--port", str(port)]
     worker_argv = [*ongrid, "worker", "-c", str(concurrency), "--queues", "ongrid.interactive"]
