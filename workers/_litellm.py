@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from workers import _litellm_direct as direct
 from workers.hardening import ProviderCredentials
 from workers.messages import Message, ToolCall, Usage
 from workers.model import ModelError, ModelReply, ModelRequest, Readiness, ToolSpec, status_cause
@@ -43,6 +44,8 @@ _loaded: ModuleType | None = None
 
 #: Connections litellm's async HTTP client may open, per host too: more than any worker holds.
 _CONNECTIONS = 65536
+#: A call's arguments that are no model parameter: the direct path passes them on its own.
+_CALL_SETTINGS = frozenset({"model", "messages", "timeout", "api_base", "api_key"})
 #: Statuses worth another attempt besides every 5xx (as the OpenAI SDK retries them).
 _RETRYABLE_STATUS = frozenset({408, 409, 429})
 
@@ -502,9 +505,7 @@ class LitellmModel:
                 async for text in self._streamed(litellm, arguments, reply):
                     yield text
             else:
-                with _lean_call(litellm):
-                    response = await litellm.acompletion(**arguments, stream=False)
-                reply = _whole(response)
+                reply = _whole(await self._whole_call(litellm, arguments))
                 if reply.text:
                     yield "".join(reply.text)
         except (openai.OpenAIError, httpx.HTTPError) as exc:
@@ -516,6 +517,30 @@ class LitellmModel:
         message = reply.message()
         finish = reply.finish_reason or ("tool_calls" if message.tool_calls else "stop")
         yield ModelReply(message=message, usage=reply.to_usage(request.model), finish_reason=finish)
+
+    @staticmethod
+    async def _whole_call(litellm: ModuleType, arguments: dict[str, Any]) -> Any:
+        """The reply in one piece: straight through the provider's adapter when the call can
+        go that way (:mod:`workers._litellm_direct`), else through ``acompletion``."""
+        with _lean_call(litellm) as lean:
+            # The OpenAI SDK's own retries (``max_retries``) exist only on the full path.
+            chosen = None
+            if lean and not arguments.get("max_retries"):
+                chosen = direct.route(litellm, arguments["model"], arguments.get("api_base"))
+            if chosen is not None:
+                params = {k: v for k, v in arguments.items() if k not in _CALL_SETTINGS}
+                response = await direct.complete(
+                    litellm,
+                    chosen,
+                    messages=arguments["messages"],
+                    params=params,
+                    seconds=arguments["timeout"],
+                    api_base=arguments.get("api_base"),
+                    api_key=arguments.get("api_key"),
+                )
+                if response is not None:
+                    return response
+            return await litellm.acompletion(**arguments, stream=False)
 
     @staticmethod
     async def _streamed(

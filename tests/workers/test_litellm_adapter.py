@@ -205,6 +205,11 @@ def test_without_litellm_callbacks_a_call_skips_its_logging_and_prices_itself(
                 return
             await asyncio.sleep(0.025)
 
+    # litellm files a callback into its other lists in place: it works on copies of them, and
+    # the lists it had come back untouched after the test.
+    for name in _CALLBACK_LISTS:
+        monkeypatch.setattr(litellm, name, list(getattr(litellm, name)))
+
     async def scenario() -> list[Usage]:
         assert _lean_possible(litellm)
         lean = await reply(whole)
@@ -414,14 +419,20 @@ def error_server() -> Iterator[ErrorServer]:
         thread.join()
 
 
-def fail(model: LitellmModel, req: ModelRequest | None = None) -> ModelError:
+#: Every failure is checked both ways a reply is asked for: streamed, and in one piece (which
+#: takes the direct path of workers._litellm_direct for the ``openai`` provider).
+BOTH_WAYS = pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+
+
+def fail(model: LitellmModel, req: ModelRequest | None = None, *, stream: bool) -> ModelError:
     with pytest.raises(ModelError) as caught:
-        collect(model.stream(req or ask("hi")))
+        collect(model.stream(dataclasses.replace(req or ask("hi"), stream=stream)))
     error = caught.value
     assert MODEL in str(error)
     return error
 
 
+@BOTH_WAYS
 @pytest.mark.parametrize(
     ("status", "retryable", "cause"),
     [
@@ -440,10 +451,11 @@ def test_http_errors_become_model_errors(
     status: int,
     retryable: bool,
     cause: str,
+    stream: bool,
 ) -> None:
     point_at(monkeypatch, error_server.url)
     error_server.status = status
-    error = fail(LitellmModel())
+    error = fail(LitellmModel(), stream=stream)
     assert error.status == status
     assert error.retryable is retryable
     assert error.cause == cause
@@ -452,12 +464,13 @@ def test_http_errors_become_model_errors(
     assert len(error_server.hits) == 1  # the SDK's own retries are off by default
 
 
+@BOTH_WAYS
 def test_a_failure_is_one_line_with_the_providers_own_message(
-    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer
+    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer, stream: bool
 ) -> None:
     point_at(monkeypatch, error_server.url)
     error_server.status = 503
-    error = fail(LitellmModel())
+    error = fail(LitellmModel(), stream=stream)
     assert str(error) == f"model {MODEL}: 503 service unavailable: upstream exploded"
 
 
@@ -476,32 +489,35 @@ def test_the_reply_limit_and_the_cache_key_reach_openai(fake: FakeOpenAI) -> Non
     assert "cache_control" not in json.dumps(second)
 
 
+@BOTH_WAYS
 def test_the_sdk_retries_only_when_asked(
-    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer
+    monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer, stream: bool
 ) -> None:
     point_at(monkeypatch, error_server.url)
-    error = fail(LitellmModel(max_retries=1))
+    error = fail(LitellmModel(max_retries=1), stream=stream)
     assert error.retryable and len(error_server.hits) == 2
 
 
-def test_connection_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+@BOTH_WAYS
+def test_connection_refused(monkeypatch: pytest.MonkeyPatch, stream: bool) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     point_at(monkeypatch, f"http://127.0.0.1:{port}/v1")  # closed: nothing listens there
-    error = fail(LitellmModel(max_retries=0))
+    error = fail(LitellmModel(max_retries=0), stream=stream)
     assert error.retryable
     assert error.status is None  # litellm says 500; no server answered at all
     assert "Connection error" in str(error)
     assert error.cause == "connection refused"
 
 
-def test_timeout(monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer) -> None:
+@BOTH_WAYS
+def test_timeout(monkeypatch: pytest.MonkeyPatch, error_server: ErrorServer, stream: bool) -> None:
     """The server holds the request until the client has given up: the timeout ended the call,
     not an answer."""
     point_at(monkeypatch, error_server.url)
     error_server.hang = True
-    error = fail(LitellmModel(timeout=0.5, max_retries=0))
+    error = fail(LitellmModel(timeout=0.5, max_retries=0), stream=stream)
     assert error_server.hits == ["/v1/chat/completions"] and error_server.answered == []
     assert error.retryable
     assert error.cause == "timeout after 0.5 s"
