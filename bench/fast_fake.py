@@ -16,9 +16,9 @@ turns 0 … T-2 call ``tool`` (when one is given), turn T-1 answers with text. A
 containing ``fastfake: key=value …`` (delay, chunks, turns, tool) overrides the defaults, so one
 server serves several loads.
 
-``GET /_stats`` answers requests total, repeats (a conversation's turn requested again; the
-conversation is the hash of its first user message), open streams now and at peak, and the
-server's own CPU seconds; ``POST /_reset`` zeroes the counters.
+``GET /_stats`` answers requests total, those asked to stream, repeats (a conversation's turn
+requested again; the conversation is the hash of its first user message), open streams now and
+at peak, and the server's own CPU seconds; ``POST /_reset`` zeroes the counters.
 """
 
 from __future__ import annotations
@@ -72,6 +72,8 @@ class Script:
 @dataclass
 class Stats:
     requests: int = 0
+    #: Requests that asked for a streamed reply.
+    streamed: int = 0
     repeats: int = 0
     open_streams: int = 0
     open_streams_peak: int = 0
@@ -80,6 +82,7 @@ class Stats:
     def as_dict(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
+            "streamed": self.streamed,
             "repeats": self.repeats,
             "open_streams": self.open_streams,
             "open_streams_peak": self.open_streams_peak,
@@ -217,6 +220,7 @@ class Server:
         key, turn = _conversation(messages)
         stats = self.stats
         stats.requests += 1
+        stats.streamed += bool(request.get("stream"))
         stats.seen[key, turn] += 1
         if stats.seen[key, turn] > 1:
             stats.repeats += 1
