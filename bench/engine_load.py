@@ -222,9 +222,16 @@ def stack(
 # --- the run ------------------------------------------------------------------------------------
 
 
-async def _submit(s: Stack, persona: str, prompts: list[str]) -> list[tuple[str, float, float]]:
-    """POST each chat; (spawn id, sent at, accepted at) once its response headers arrive."""
+async def _submit(
+    s: Stack, persona: str, prompts: list[str], submit: str = "async"
+) -> list[tuple[str, float, float]]:
+    """POST each chat; (spawn id, sent at, accepted at) once its response headers arrive.
+    ``submit``: ``async`` asks ``Prefer: respond-async`` (202, no stream), ``stream`` opens the
+    turn's event stream and closes it once its headers name the spawn."""
     auth = {"Authorization": f"Bearer {s.token}"}
+    if submit == "async":
+        auth["Prefer"] = "respond-async"
+    accepted = 202 if submit == "async" else 200
     limits = httpx.Limits(max_connections=SUBMITTERS, max_keepalive_connections=SUBMITTERS)
     out: list[tuple[str, float, float]] = [("", 0.0, 0.0)] * len(prompts)
     gate = asyncio.Semaphore(SUBMITTERS)
@@ -237,7 +244,7 @@ async def _submit(s: Stack, persona: str, prompts: list[str]) -> list[tuple[str,
                 sent = time.time()
                 body = {"prompt": prompts[i], "agent": persona}
                 async with client.stream("POST", "/api/v1/chat", json=body) as response:
-                    if response.status_code != 200:
+                    if response.status_code != accepted:
                         await response.aread()
                         raise RuntimeError(f"chat refused: {response.status_code} {response.text}")
                     out[i] = (response.headers["x-spawn-id"], sent, time.time())
@@ -319,15 +326,19 @@ def run_load(
     persona: str = PERSONA,
     warm: bool = True,
     profile: bool = False,
+    submit: str = "async",
 ) -> dict[str, Any]:
     """One load of ``n`` chats of ``persona``; ``warm``: warm the worker first (once per
-    stack); ``profile``: record the worker with py-spy meanwhile (its top costs in the result)."""
+    stack); ``profile``: record the worker and the API with py-spy meanwhile (their top costs
+    in the result); ``submit``: how chats are posted (:func:`_submit`)."""
     if warm:
         # Warm the worker (imports, connections, its pool's threads) before anything is measured.
-        warmed = asyncio.run(_submit(s, WARM_PERSONA, [f"warm {i}" for i in range(n)]))
+        warm_prompts = [f"warm {i}" for i in range(n)]
+        warmed = asyncio.run(_submit(s, WARM_PERSONA, warm_prompts, submit))
         _wait_done(s, [w[0] for w in warmed], 2 * n, WARM_DELAY)
     h.wait_quiet(max_wait=10, threshold=0.2)
-    profiler = _Profiler(s.worker.ps.pid) if profile else None
+    worker_profile = _Profiler(s.worker.ps.pid) if profile else None
+    api_profile = _Profiler(s.api.pid) if profile else None
     s.fake.reset()
     before = {
         "worker": s.worker.cpu_seconds(),
@@ -343,16 +354,17 @@ def run_load(
     rss.start()
     t0 = time.time()
     prompts = [f"engine load {delay:g} {i}" for i in range(n)]
-    submitted = asyncio.run(_submit(s, persona, prompts))
+    submitted = asyncio.run(_submit(s, persona, prompts, submit))
     submit_s = time.time() - t0
     # The API's CPU for taking the chats in: up to a moment after the last was accepted (each
     # stream's close is handled after its headers arrive), before the transcripts are read.
     time.sleep(1.0)
     api_accepting = _cpu(s.api) - before["api"]
+    api_top = api_profile.stop() if api_profile is not None else []
     ids = [spawn_id for spawn_id, _, _ in submitted]
     records = _wait_done(s, ids, n * turns, delay)
     rss.stop.set()
-    top = profiler.stop() if profiler is not None else []
+    top = worker_profile.stop() if worker_profile is not None else []
     stats = s.fake.stats()
     cpu = {
         "worker": s.worker.cpu_seconds() - before["worker"],
@@ -391,6 +403,8 @@ def run_load(
         "wall_s": (wall := max((records[i].get("updated") or t0) for i in ids) - t0),
         "turns_per_s": model_turns / wall if wall > 0 else float("nan"),
         "profile_top": top,
+        "api_profile_top": api_top,
+        "submit": submit,
     }
 
 
@@ -453,11 +467,19 @@ def _place(frame: str) -> str:
 
 
 def describe_profile(f: dict[str, Any]) -> str:
-    """The worker's ten costliest places: share of its samples and ms per model turn."""
-    per_turn = f["worker_cpu_ms_per_turn"]
-    return "\n".join(
+    """The ten costliest places of the worker (share of its samples, ms per model turn) and of
+    the API (ms per accepted chat)."""
+    per_turn, per_chat = f["worker_cpu_ms_per_turn"], f["api_cpu_ms_per_chat"]
+    worker = [
         f"  {share * 100:5.1f} %  {share * per_turn:5.2f} ms/turn  {name}"
         for name, share in f["profile_top"]
+    ]
+    api = [
+        f"  {share * 100:5.1f} %  {share * per_chat:5.2f} ms/chat  {name}"
+        for name, share in f["api_profile_top"]
+    ]
+    return "\n".join(
+        ["worker, where its samples are:", *worker, "API, where its samples are:", *api]
     )
 
 
@@ -564,6 +586,13 @@ def main() -> None:
         help="keep the API's chats in a fresh database on this PostgreSQL server "
         "(postgresql+psycopg://user@host/db; created and dropped by the run) instead of SQLite",
     )
+    parser.add_argument(
+        "--submit",
+        default="async",
+        choices=["async", "stream"],
+        help="post each chat with `Prefer: respond-async` (202, as automation does), or open "
+        "its event stream and close it once the headers arrive (its first turn may stream)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with ExitStack() as stop:
@@ -589,8 +618,8 @@ def main() -> None:
         print(
             f"fast_fake {fake.base_url}, API {s.api_url}, worker -c {args.n + args.margin} "
             f"× {args.processes} process(es), "
-            f"stream_replies={args.stream_replies}, runtime from {tree}, chats in "
-            f"{'PostgreSQL' if database else 'SQLite'}"
+            f"stream_replies={args.stream_replies}, chats posted {args.submit}, runtime from "
+            f"{tree}, chats in {'PostgreSQL' if database else 'SQLite'}"
         )
         results = []
         for index, delay in enumerate(args.delay):
@@ -603,10 +632,11 @@ def main() -> None:
                 persona=load_persona(index),
                 warm=index == 0,
                 profile=args.profile,
+                submit=args.submit,
             )
             print(describe(engine), flush=True)
             if args.profile:
-                print(f"worker profile, where its samples are:\n{describe_profile(engine)}")
+                print(describe_profile(engine))
             if engine["statuses"].get("ok", 0) < args.n:
                 print(f"worker log tail:\n{s.worker.log_tail(40)}")
             floors = []

@@ -5,6 +5,10 @@ coordinator's turn starts (:func:`coordinator.turns.start_turn`) and picks a spe
 response streams the session's events (SSE) until the turn's spawn sends its
 ``task_notification``; for a background persona, until its ``agent_tile`` (its result arrives
 later, on ``GET …/events``). A client that goes away ends only its stream, never the turn.
+A client that does not follow the turn live (automation starting background investigations)
+asks ``Prefer: respond-async`` (RFC 7240): the turn starts the same way and the answer is 202
+with the session, the spawn and the URL of the session's events, without a stream, a
+subscription or a stream slot.
 
 Nobody is left waiting on a queue no worker consumes: a turn whose queue has no live consumer
 is refused before it starts (503, naming the queue and the command that starts a worker for
@@ -27,7 +31,8 @@ from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
 import redis
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from coordinator.agent_tool import child_spawn_id
@@ -44,6 +49,7 @@ from coordinator.api.schemas import (
     MessageIn,
     MessageOut,
     SessionOut,
+    TurnAcceptedOut,
 )
 from coordinator.auth import Principal
 from coordinator.storage.chats import ChatSession
@@ -65,6 +71,13 @@ _SSE_DOC: dict[int | str, dict[str, Any]] = {
         "`agent_tile`, `tool_call`, `tool_result`, `confirmation_required`, "
         "`task_notification`), `data:` its JSON envelope (with `session_id`, `spawn_id`, `seq`).",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+_ACCEPTED_DOC: dict[int | str, dict[str, Any]] = {
+    202: {
+        "description": "With `Prefer: respond-async`: the turn started, not streamed; follow it "
+        "at `events` (also the `Location` header).",
+        "model": TurnAcceptedOut,
     }
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -164,6 +177,7 @@ def _open_turn(
         svc.chats.start_session(
             session_id, who.user, title, text, agent=agent, spawn_id=record.spawn_id
         )
+        svc.limits.sessions.started(who.user)
     else:
         svc.chats.add_message(session_id, "user", text, agent=agent, spawn_id=record.spawn_id)
     return _Turn(session_id, record, after)
@@ -178,6 +192,54 @@ async def _fail_stranded(watch: StrandedWatch, stop: asyncio.Event) -> None:
             await run_in_threadpool(watch.check)
         except redis.RedisError as exc:  # the stream itself reports a lost Redis
             log.warning("could not check the queues of a turn's spawns: %s", exc)
+
+
+def _prefers_async(
+    prefer: Annotated[
+        str | None,
+        Header(
+            description="`respond-async`: answer 202 once the turn started, without its stream."
+        ),
+    ] = None,
+) -> bool:
+    """RFC 7240's ``Prefer: respond-async`` (among other preferences, any case)."""
+    return any(
+        part.split(";", 1)[0].strip().lower() == "respond-async"
+        for part in (prefer or "").split(",")
+    )
+
+
+RespondAsync = Annotated[bool, Depends(_prefers_async)]
+
+
+async def _accepted_turn(
+    svc: Services,
+    who: Principal,
+    session: ChatSession | None,
+    body: ChatIn | MessageIn,
+) -> JSONResponse:
+    """The turn started and not streamed: 202 with where its events are. No stream slot is
+    taken and nothing subscribes; a spawn stranded on a queue whose worker died is left to the
+    reaper, as for a client that closed its stream."""
+    text = body.prompt if isinstance(body, ChatIn) else body.content
+    turn = await run_in_threadpool(
+        _open_turn, svc, who, session, text, body.agent, body.context, body.budget
+    )
+    events = f"/api/v1/chat/sessions/{turn.session_id}/events?after={turn.after}"
+    accepted = TurnAcceptedOut(
+        session_id=turn.session_id,
+        spawn_id=turn.record.spawn_id,
+        agent=turn.record.persona,
+        background=turn.record.background,
+        events=events,
+    )
+    headers = {
+        "Location": events,
+        "Preference-Applied": "respond-async",
+        "X-Session-Id": turn.session_id,
+        "X-Spawn-Id": turn.record.spawn_id,
+    }
+    return JSONResponse(accepted.model_dump(), status_code=202, headers=headers)
 
 
 async def _opened_turn(
@@ -238,9 +300,17 @@ def _turn_stream(svc: Services, turn: _Turn, slot: StreamSlot) -> EventStreamRes
 # -- endpoints ---------------------------------------------------------------------------------
 
 
-@router.post("", status_code=200, response_class=EventStreamResponse, responses=_SSE_DOC)
-async def chat(body: ChatIn, who: Caller, svc: Svc) -> EventStreamResponse:
-    """Start a session with its first message and stream the turn (header `X-Session-Id`)."""
+@router.post(
+    "",
+    status_code=200,
+    response_class=EventStreamResponse,
+    responses={**_SSE_DOC, **_ACCEPTED_DOC},
+)
+async def chat(body: ChatIn, who: Caller, svc: Svc, respond_async: RespondAsync) -> Response:
+    """Start a session with its first message and stream the turn (header `X-Session-Id`);
+    with `Prefer: respond-async`, 202 once it started."""
+    if respond_async:
+        return await _accepted_turn(svc, who, None, body)
     return await _opened_turn(svc, who, None, body)
 
 
@@ -256,12 +326,15 @@ def list_sessions(
     "/sessions/{session_id}/messages",
     status_code=200,
     response_class=EventStreamResponse,
-    responses=_SSE_DOC,
+    responses={**_SSE_DOC, **_ACCEPTED_DOC},
 )
 async def post_message(
-    body: MessageIn, session: OwnedSession, who: Caller, svc: Svc
-) -> EventStreamResponse:
-    """Add a message to a session and stream the turn it starts."""
+    body: MessageIn, session: OwnedSession, who: Caller, svc: Svc, respond_async: RespondAsync
+) -> Response:
+    """Add a message to a session and stream the turn it starts; with `Prefer: respond-async`,
+    202 once it started."""
+    if respond_async:
+        return await _accepted_turn(svc, who, session, body)
     return await _opened_turn(svc, who, session, body)
 
 

@@ -252,6 +252,18 @@ class MessageOut(BaseModel):
     created_at: datetime
 
 
+class TurnAcceptedOut(BaseModel):
+    """A turn started without its stream (``Prefer: respond-async``): where to follow it."""
+
+    session_id: str
+    spawn_id: str
+    agent: str = Field(description="The persona spawned (`coordinator` when none was named).")
+    background: bool
+    events: str = Field(
+        description="The session's event stream from just before this turn (also `Location`)."
+    )
+
+
 class HistoryOut(BaseModel):
     session: SessionOut
     messages: list[MessageOut] = Field(description="Each question followed by its answer.")

@@ -874,6 +874,55 @@ def test_background_spawn_notifies_later_and_history_fills_in_without_the_stream
     assert len(client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]) == 2
 
 
+def test_respond_async_answers_202_and_the_turn_runs_without_a_stream(
+    spawning: Api, cluster: Cluster
+):
+    """Automation starting investigations: `Prefer: respond-async` is answered once the turn
+    started, with where to follow it; nothing subscribes and no stream slot is held."""
+    cluster.site.persona("nightly_check", background=True)
+    cluster.site.persona("quick_check")
+    cluster.fake.script([{"match": "", "reply": {"content": "All quiet."}, "delay": 0.5}])
+    client = _reload(spawning)
+    prefer = {"Prefer": "wait=10, respond-async"}
+    started = client.post(
+        "/api/v1/chat", json={"prompt": "Check.", "agent": "nightly_check"}, headers=prefer
+    )
+    assert started.status_code == 202, started.text
+    accepted = started.json()
+    session_id, spawn_id = accepted["session_id"], accepted["spawn_id"]
+    assert accepted["agent"] == "nightly_check" and accepted["background"] is True
+    assert accepted["events"] == f"/api/v1/chat/sessions/{session_id}/events?after=0"
+    assert started.headers["location"] == accepted["events"]
+    assert started.headers["preference-applied"] == "respond-async"
+    assert started.headers["x-spawn-id"] == spawn_id
+    channel = spawning.services.client.bus.keys(session_id).channel
+    assert dict(cluster.redis.pubsub_numsub(channel))[channel.encode()] == 0
+    assert spawning.services.limits.streams.held("alice") == 0
+
+    # The turn runs to its end all the same; its events are where the answer said.
+    with client.stream("GET", accepted["events"], params={"until_idle": 1}) as response:
+        wait_for(lambda: client.get(f"/api/v1/spawns/{spawn_id}").json()["status"] == "ok", 60, "")
+        events = read_all(response)
+    assert [e["event"] for e in events][0] == "agent_tile"
+    assert events[-1]["event"] == "task_notification"
+    assert events[-1]["data"]["message"] == "All quiet."
+    history = client.get(f"/api/v1/chat/sessions/{session_id}").json()["messages"]
+    assert [(m["role"], m["content"]) for m in history] == [
+        ("user", "Check."),
+        ("assistant", "All quiet."),
+    ]
+
+    # A further message of the session, to a persona that is awaited, is accepted the same way.
+    url = f"/api/v1/chat/sessions/{session_id}/messages"
+    again = client.post(url, json={"content": "Again.", "agent": "quick_check"}, headers=prefer)
+    assert again.status_code == 202, again.text
+    assert again.json()["background"] is False
+    assert again.json()["events"].endswith(f"?after={events[-1]['id']}")
+    # Without the preference, the turn streams as before.
+    with client.stream("POST", "/api/v1/chat", json={"prompt": "Hi.", "agent": "quick_check"}) as r:
+        assert r.status_code == 200 and read_all(r)[-1]["event"] == "task_notification"
+
+
 def test_sse_reconnect_with_last_event_id_misses_and_repeats_nothing(
     spawning: Api, cluster: Cluster
 ):
