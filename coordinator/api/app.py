@@ -143,6 +143,11 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # served from local assets by install_docs
         redoc_url=None,
+        # The API traces and counts requests itself (coordinator.api.metrics). FastAPI's own
+        # telemetry would, once some library set a global OpenTelemetry provider, add a second
+        # server span and put request validation errors with the values sent (prompts) on
+        # spans; and it looks those providers up on every request, off or not.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     install_docs(app)
     app.state.services = services

@@ -194,7 +194,7 @@ async def _fail_stranded(watch: StrandedWatch, stop: asyncio.Event) -> None:
             log.warning("could not check the queues of a turn's spawns: %s", exc)
 
 
-def _prefers_async(
+async def _prefers_async(
     prefer: Annotated[
         str | None,
         Header(
@@ -202,7 +202,8 @@ def _prefers_async(
         ),
     ] = None,
 ) -> bool:
-    """RFC 7240's ``Prefer: respond-async`` (among other preferences, any case)."""
+    """RFC 7240's ``Prefer: respond-async`` (among other preferences, any case). ``async``:
+    FastAPI runs a plain function dependency in its thread pool, a hop per request."""
     return any(
         part.split(";", 1)[0].strip().lower() == "respond-async"
         for part in (prefer or "").split(",")

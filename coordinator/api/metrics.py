@@ -95,7 +95,10 @@ class RequestTelemetry:
                 _requests(_route(scope), str(status)).inc()
             await send(message)
 
-        parent = tracing.extract(_trace_headers(scope))
+        # A caller's trace is continued even when this process records nothing (its spawns
+        # carry it on); without one and without recording, no span is made at all.
+        carried = _trace_headers(scope)
+        parent = tracing.extract(carried) if carried or tracing.tracing_enabled() else None
         with tracing.span(
             method,
             context=parent,
