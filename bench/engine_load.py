@@ -398,6 +398,7 @@ def run_load(
         "worker_rss_kb_per_spawn": (rss.peak - idle_rss) / n / 1024,
         "fake_requests": stats["requests"],
         "fake_streamed": stats.get("streamed", 0),
+        "fake_connections": stats.get("connections", 0),
         "repeats": stats["repeats"],
         "fake_open_streams_peak": stats["open_streams_peak"],
         "wall_s": (wall := max((records[i].get("updated") or t0) for i in ids) - t0),
@@ -495,7 +496,7 @@ def describe(f: dict[str, Any]) -> str:
         f"({f['worker_rss_peak_mb']:.0f} MB peak, {f['worker_rss_idle_mb']:.0f} MB before any "
         "load); "
         f"{f['repeats']} repeats of {f['fake_requests']} requests ({f['fake_streamed']} "
-        "streamed; peak "
+        f"streamed, {f['fake_connections']} connections opened; peak "
         f"{f['fake_open_streams_peak']} open); wall {f['wall_s']:.1f} s "
         f"({f['turns_per_s']:.0f} model turns/s); CPU s: worker "
         f"{cpu['worker']:.1f}, api {cpu['api']:.1f}, redis {cpu['redis']:.1f}, fake "

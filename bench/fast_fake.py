@@ -16,9 +16,10 @@ turns 0 … T-2 call ``tool`` (when one is given), turn T-1 answers with text. A
 containing ``fastfake: key=value …`` (delay, chunks, turns, tool) overrides the defaults, so one
 server serves several loads.
 
-``GET /_stats`` answers requests total, those asked to stream, repeats (a conversation's turn
-requested again; the conversation is the hash of its first user message), open streams now and
-at peak, and the server's own CPU seconds; ``POST /_reset`` zeroes the counters.
+``GET /_stats`` answers requests total, those asked to stream, connections opened, repeats (a
+conversation's turn requested again; the conversation is the hash of its first user message),
+open streams now and at peak, and the server's own CPU seconds; ``POST /_reset`` zeroes the
+counters.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ class Stats:
     requests: int = 0
     #: Requests that asked for a streamed reply.
     streamed: int = 0
+    #: Connections whose first request asked for a completion (the model's clients opened).
+    connections: int = 0
     repeats: int = 0
     open_streams: int = 0
     open_streams_peak: int = 0
@@ -83,6 +86,7 @@ class Stats:
         return {
             "requests": self.requests,
             "streamed": self.streamed,
+            "connections": self.connections,
             "repeats": self.repeats,
             "open_streams": self.open_streams,
             "open_streams_peak": self.open_streams_peak,
@@ -180,14 +184,17 @@ class Server:
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            while await self._one(reader, writer):
-                pass
+            served = 0  # requests on this connection: a completion as the first counts it
+            while await self._one(reader, writer, served):
+                served += 1
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client closed its connection
         finally:
             writer.close()
 
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    async def _one(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, served: int
+    ) -> bool:
         """Serve one request; whether the connection stays open."""
         head = await reader.readuntil(b"\r\n\r\n")
         request_line, *header_lines = head.decode("latin-1").split("\r\n")
@@ -205,6 +212,7 @@ class Server:
             self.stats = Stats()
             self._send_json(writer, b"{}")
         elif method == "POST" and path.endswith("/chat/completions"):
+            self.stats.connections += served == 0
             await self._complete(writer, json.loads(body))
         else:
             writer.write(_head("404 Not Found", "text/plain", 0))

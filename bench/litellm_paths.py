@@ -14,7 +14,8 @@ the slope between the smallest and largest chunk counts.
 Paths: (a) ``acompletion(stream=True)`` iterated with ``async for``; (b) ``acompletion``
 without streaming; (c) ``completion(stream=True)`` in a 64-thread pool; (d) ``completion``
 without streaming in that pool; (e) plain ``httpx.AsyncClient`` (the reference, not a path to
-ship). Settings of (a)/(b), each alone on top of litellm's defaults, then all together:
+ship); (f) the runtime's own adapter, streamed and in one piece (its direct path). Settings of
+(a)/(b), each alone on top of litellm's defaults, then all together:
 ``disable_streaming_logging``, no callbacks, ``turn_off_message_logging``, a registered price for
 the unmapped model, a shared ``aclient_session`` sized for the concurrency (a plain httpx
 client, or litellm's own aiohttp transport), litellm's aiohttp connector sized for the
@@ -73,6 +74,8 @@ VARIANTS: list[tuple[str, tuple[str, ...]]] = [
     ("e", ("smallpool",)),
     ("e", ("stream", "aiohttp")),
     ("e", ("aiohttp",)),
+    ("f", ("stream",)),
+    ("f", ()),
 ]
 PATH_NAMES = {
     "a": "acompletion stream",
@@ -80,6 +83,7 @@ PATH_NAMES = {
     "c": f"completion stream, {POOL_THREADS} threads",
     "d": f"completion, {POOL_THREADS} threads",
     "e": "httpx.AsyncClient",
+    "f": "the runtime's adapter (workers._litellm)",
 }
 
 
@@ -88,6 +92,8 @@ def label(path: str, settings: tuple[str, ...]) -> str:
         client = "aiohttp" if "aiohttp" in settings else "httpx"
         pool = ", default pool" if "smallpool" in settings else ""
         return f"(e) {client} {'stream' if 'stream' in settings else 'JSON'}{pool}"
+    if path == "f":
+        return f"(f) {PATH_NAMES[path]}, {'streamed' if 'stream' in settings else 'one piece'}"
     if not settings:
         return f"({path}) {PATH_NAMES[path]}, defaults"
     if set(SETTINGS) <= set(settings):
@@ -166,6 +172,28 @@ async def _async_batch(litellm: Any, stream: bool, requests: list[dict[str, Any]
         else:
             response = await litellm.acompletion(**request)
             received["text"] += bool(response.choices[0].message.content)
+        received["calls"] += 1
+
+    await asyncio.gather(*(one(r) for r in requests))
+    return received
+
+
+async def _adapter_batch(model: Any, stream: bool, requests: list[dict[str, Any]]) -> Counter:
+    """Through the runtime's adapter: one piece takes its direct path (workers._litellm_direct),
+    streamed its lean ``acompletion``."""
+    from workers.messages import Message
+    from workers.model import ModelReply, ModelRequest
+
+    received: Counter[str] = Counter()
+
+    async def one(request: dict[str, Any]) -> None:
+        messages = [Message(role=m["role"], content=m["content"]) for m in request["messages"]]
+        asked = ModelRequest(model=request["model"], messages=messages, stream=stream)
+        async for item in model.stream(asked):
+            if isinstance(item, str):
+                received["chunks"] += 1
+            elif isinstance(item, ModelReply):
+                received["text"] += bool(item.message.content)
         received["calls"] += 1
 
     await asyncio.gather(*(one(r) for r in requests))
@@ -302,6 +330,17 @@ def run_variant(
 
             def batch(requests: list[dict]) -> Counter:
                 return loop.run_until_complete(_httpx_batch(client, base_url, stream, requests))
+
+    elif path == "f":
+        sys.path.insert(0, str(HERE.parent))
+        from workers._litellm import LitellmModel
+
+        stream = "stream" in settings
+        loop = _new_loop(settings)
+        model = LitellmModel(api_base=base_url, api_key="sk-x")
+
+        def batch(requests: list[dict]) -> Counter:
+            return loop.run_until_complete(_adapter_batch(model, stream, requests))
 
     else:
         litellm = _configure(settings, n)
