@@ -1,4 +1,5 @@
-"""The litellm adapter: the only module that imports litellm.
+"""The litellm adapter: with :mod:`workers._litellm_direct` (its cheapest path for a reply in
+one piece), the only code that imports litellm.
 
 Importing this module touches neither litellm nor the environment; :func:`load` does both, once,
 and every use goes through it (:class:`LitellmModel`, :func:`readiness`). litellm fetches

@@ -403,6 +403,12 @@ class StrandedWatch:
         with self._lock:
             self._since.setdefault(spawn_id, None)
 
+    @property
+    def watching(self) -> bool:
+        """Whether any spawn is watched (an ended one is forgotten at the next check)."""
+        with self._lock:
+            return bool(self._since)
+
     def check(self) -> list[SpawnRecord]:
         """Look at every watched spawn once; returns those this call failed."""
         with self._lock:

@@ -14,7 +14,8 @@ Nobody is left waiting on a queue no worker consumes: a turn whose queue has no 
 is refused before it starts (503, naming the queue and the command that starts a worker for
 it), and while the stream is open, the turn's spawn or a specialist its coordinator dispatched
 that waits unheld on such a queue for a few seconds (its worker died) is failed, with a
-``task_notification`` that says the same.
+``task_notification`` that says the same; a session's events stream watches the session's
+unfinished spawns the same way.
 
 Nobody holds more than their share (:mod:`coordinator.api.limits`): a turn, a new session or a
 stream past the caller's bound is refused (429) before anything is written or started.
@@ -188,6 +189,8 @@ async def _fail_stranded(watch: StrandedWatch, stop: asyncio.Event) -> None:
     ``task_notification`` then ends the stream with the queue and the command to run."""
     while not stop.is_set():
         await asyncio.sleep(watch.client.settings.stranded_check_seconds)
+        if not watch.watching:
+            continue  # an events stream of a session at rest: nothing to look up
         try:
             await run_in_threadpool(watch.check)
         except redis.RedisError as exc:  # the stream itself reports a lost Redis
@@ -220,8 +223,9 @@ async def _accepted_turn(
     body: ChatIn | MessageIn,
 ) -> JSONResponse:
     """The turn started and not streamed: 202 with where its events are. No stream slot is
-    taken and nothing subscribes; a spawn stranded on a queue whose worker died is left to the
-    reaper, as for a client that closed its stream."""
+    taken and nothing subscribes. The queue had a live consumer when the turn started (else
+    503, as for a streamed turn); a worker lost later is reported on the session's events
+    stream, which watches the session's unfinished spawns as a turn's stream does."""
     text = body.prompt if isinstance(body, ChatIn) else body.content
     turn = await run_in_threadpool(
         _open_turn, svc, who, session, text, body.agent, body.context, body.budget
@@ -269,33 +273,60 @@ def _turn_stream(svc: Services, turn: _Turn, slot: StreamSlot) -> EventStreamRes
     watch = StrandedWatch(svc.client, [turn.record.spawn_id])
 
     async def observe(event: Event) -> None:
-        if event.type == "tool_call" and event.name == AGENT_TOOL_NAME:
-            watch.watch(child_spawn_id(event.spawn_id, event.call_id))
+        _watch_dispatches(watch, event)
         if event.type == "task_notification" and event.spawn_id == turn.record.spawn_id:
             await run_in_threadpool(
                 _answers.settle, svc.chats, svc.client.store, turn.session_id, event.spawn_id
             )
 
-    async def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
-        watchdog = asyncio.create_task(_fail_stranded(watch, stop))
-        try:
-            events = follow(
-                svc.hub,
-                svc.client.bus,
-                turn.session_id,
-                turn.after,
-                stop,
-                until=turn.ends_with,
-                on_event=observe,
-            )
-            async with aclosing(cast(AsyncGenerator[bytes, None], events)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
-        finally:
-            watchdog.cancel()
+    def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
+        events = follow(
+            svc.hub,
+            svc.client.bus,
+            turn.session_id,
+            turn.after,
+            stop,
+            until=turn.ends_with,
+            on_event=observe,
+        )
+        return _watched(events, watch, stop)
 
     headers = {"X-Session-Id": turn.session_id, "X-Spawn-Id": turn.record.spawn_id}
     return EventStreamResponse(stream, headers=headers, slot=slot)
+
+
+def _watch_dispatches(watch: StrandedWatch, event: Event) -> None:
+    """A coordinator's dispatch: its specialist is watched too (its id follows from the call)."""
+    if event.type == "tool_call" and event.name == AGENT_TOOL_NAME:
+        watch.watch(child_spawn_id(event.spawn_id, event.call_id))
+
+
+async def _watched(
+    events: AsyncIterator[bytes], watch: StrandedWatch, stop: asyncio.Event
+) -> AsyncIterator[bytes]:
+    """``events``, while :func:`_fail_stranded` checks ``watch`` beside them."""
+    watchdog = asyncio.create_task(_fail_stranded(watch, stop))
+    try:
+        async with aclosing(cast(AsyncGenerator[bytes, None], events)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        watchdog.cancel()
+
+
+#: The latest turns of a session whose spawns its events stream watches (older ones have ended).
+_WATCHED_TURNS = 20
+
+
+def _unfinished_spawns(svc: Services, session_id: str) -> list[str]:
+    """The spawns of the session's latest turns that have not ended."""
+    asked = [m.spawn_id for m in svc.chats.messages(session_id) if m.role == "user" and m.spawn_id]
+    pending = []
+    for spawn_id in asked[-_WATCHED_TURNS:]:
+        record = svc.client.store.get(spawn_id)
+        if record is not None and not record.finished:
+            pending.append(spawn_id)
+    return pending
 
 
 # -- endpoints ---------------------------------------------------------------------------------
@@ -356,20 +387,26 @@ async def session_events(
     slot = svc.limits.streams.take(who.user)
     try:
         await svc.hub.client.ping()  # a 503 naming the cause rather than a mute stream
+        # The session's spawns still running or queued are watched as a turn's stream watches
+        # its own: a turn started without its stream (respond-async) is followed here.
+        pending = await run_in_threadpool(_unfinished_spawns, svc, session.id)
     except BaseException:
         slot.release()
         raise
+    watch = StrandedWatch(svc.client, pending)
 
     async def settle(event: Event) -> None:
+        _watch_dispatches(watch, event)
         if event.type == "task_notification":
             await run_in_threadpool(
                 _answers.settle, svc.chats, svc.client.store, session.id, event.spawn_id
             )
 
     def stream(stop: asyncio.Event) -> AsyncIterator[bytes]:
-        return follow(
+        events = follow(
             svc.hub, svc.client.bus, session.id, start, stop, idle=until_idle, on_event=settle
         )
+        return _watched(events, watch, stop)
 
     return EventStreamResponse(stream, headers={"X-Session-Id": session.id}, slot=slot)
 

@@ -299,3 +299,36 @@ def test_a_coordinator_nobody_watches_is_told_when_its_specialists_worker_dies(s
     results = [e for e in client.bus.history(turn.session_id) if e.type == "tool_result"]
     (result,) = [e for e in results if e.spawn_id == turn.spawn_id]
     assert result.is_error and "no worker consumes ongrid.interactive" in result.content
+
+
+def test_a_turn_started_without_its_stream_is_watched_by_the_sessions_events(
+    site: Site, api: httpx.Client
+):
+    """Automation posts with `Prefer: respond-async` and follows the session's events: the
+    worker lost after the 202 is reported there, naming the queue, as on a turn's own stream."""
+    site.cluster.fake.script([final("Too late.", delay=DEADLINE * 3)])
+    worker = site.worker("doomed", "ongrid.interactive")
+    started = api.post(
+        "/api/v1/chat",
+        json={"prompt": PROMPT, "agent": "probe"},
+        headers={"Prefer": "respond-async"},
+    )
+    assert started.status_code == 202, started.text
+    site.cluster.fake.wait_requests(PROMPT, 1)
+    worker.kill()  # no shutdown: its lease and its advertisement are left to expire
+
+    deadline = time.monotonic() + DEADLINE  # keepalives come every 15 s: checked at least then
+    events: list[dict[str, Any]] = []
+    with api.stream("GET", started.json()["events"]) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            assert time.monotonic() < deadline, f"stream still open: {[e['type'] for e in events]}"
+            if line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+                if events[-1]["type"] == "task_notification":
+                    break
+
+    note = events[-1]
+    assert note["spawn_id"] == started.json()["spawn_id"]
+    assert note["status"] == "failed"
+    assert note["message"].startswith("no worker consumes ongrid.interactive: start one with")
