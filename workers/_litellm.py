@@ -447,7 +447,10 @@ def _price(model: str, usage: Any) -> float:
     """The reply's cost from its usage at litellm's prices (cached input read and written at
     their own rates) when litellm stamped none (a lean call): 0.0 for an unpriced model."""
     try:
-        prompt_cost, completion_cost = load().cost_per_token(model=model, usage_object=usage)
+        # The provider given: litellm would otherwise resolve it again for every reply.
+        prompt_cost, completion_cost = load().cost_per_token(
+            model=model, custom_llm_provider=_provider(model), usage_object=usage
+        )
     except Exception:  # noqa: BLE001 - no price known for this model: cost unknown, not an error
         return 0.0
     return float(prompt_cost + completion_cost)
