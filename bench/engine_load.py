@@ -4,6 +4,7 @@
                                           [--floor cheapest,default] [--profile]
                                           [--processes N] [--margin 64] [--redis-url URL]
                                           [--postgres postgresql+psycopg://user@host/db]
+                                          [--submit async|stream]
 
 What a user's load costs on the runtime, beside what it costs on bare litellm (``bench/floor.py``,
 with ``--floor``, measured in the same run against the same server). It starts
@@ -12,8 +13,9 @@ the interactive queue, in a directory whose ``agents/`` holds a persona per turn
 ``openai/<model>`` that calls ``get_edge_summary`` until its last turn; ``OPENAI_API_BASE``
 points at the fake. The worker is first warmed with N short spawns in flight at once (its pool's
 threads exist, as in a worker that has been up a while). Then, for each delay, the N chats go
-through ``POST /api/v1/chat`` with ``agent`` set (a direct spawn: no coordinator model), each
-stream closed once its headers name the spawn, and the floor runs the same load.
+through ``POST /api/v1/chat`` with ``agent`` set (a direct spawn: no coordinator model) and
+``Prefer: respond-async`` (``--submit stream``: each turn's stream, closed once its headers name
+the spawn), and the floor runs the same load.
 
 Only the CLI, the HTTP API and the fake's counters are read, so the worker's internals may change
 freely: the fake says when every model turn has been answered (its ``/_stats``, polled), then each
@@ -21,10 +23,11 @@ spawn's transcript (``GET /api/v1/spawns/{id}``) gives its status and final save
 chats accepted per second and the API's CPU per chat (to a second after the last was accepted);
 per-spawn efficiency = ideal (T × D) ÷ (final save − submission), median and p10; worker CPU per
 model turn and its ratio to the floor's per call; worker RSS per spawn in flight ((peak − idle) ÷
-N); peak model calls in flight and repeats at the fake; model turns per second; the API's, the
-fake's and Redis's CPU beside the worker's. ``--profile`` samples the worker with py-spy during
-each load and prints the ten places with most of its samples (a library, a runtime module, the
-event loop) and that share of a turn's CPU.
+N); peak model calls in flight, repeats, streamed calls and connections opened at the fake; model
+turns per second; the API's, the fake's and Redis's CPU beside the worker's. ``--profile``
+samples the worker and the API with py-spy during each load and prints the ten places with most
+of each one's samples (a library, a runtime module, the event loop) and that share of a turn's
+(the API: of an accepted chat's) CPU.
 A summary table closes the run.
 """
 
