@@ -90,7 +90,9 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v), None)
 
 
-def _settings(litellm: ModuleType, chosen: DirectRoute, api_base: str | None, api_key: str | None):
+def _settings(
+    litellm: ModuleType, chosen: DirectRoute, api_base: str | None, api_key: str | None
+) -> tuple[str, str | None]:
     """``(base, key)`` as litellm's OpenAI dispatch resolves them; ``None`` for a missing key."""
     base = _first(
         api_base,
