@@ -4,7 +4,7 @@
                                           [--floor cheapest,default] [--profile]
                                           [--processes N] [--margin 64] [--redis-url URL]
                                           [--postgres postgresql+psycopg://user@host/db]
-                                          [--submit async|stream]
+                                          [--submit async|stream] [--bracket]
 
 What a user's load costs on the runtime, beside what it costs on bare litellm (``bench/floor.py``,
 with ``--floor``, measured in the same run against the same server). It starts
@@ -27,7 +27,9 @@ N); peak model calls in flight, repeats, streamed calls and connections opened a
 turns per second; the API's, the fake's and Redis's CPU beside the worker's. ``--profile``
 samples the worker and the API with py-spy during each load and prints the ten places with most
 of each one's samples (a library, a runtime module, the event loop) and that share of a turn's
-(the API: of an accepted chat's) CPU.
+(the API: of an accepted chat's) CPU. ``--bracket`` measures each floor before the runtime's
+load as well as after it and compares with their mean: this machine's speed drifts by up to a
+third from one minute to the next.
 A summary table closes the run.
 """
 
@@ -597,6 +599,12 @@ def main() -> None:
         help="post each chat with `Prefer: respond-async` (202, as automation does), or open "
         "its event stream and close it once the headers arrive (its first turn may stream)",
     )
+    parser.add_argument(
+        "--bracket",
+        action="store_true",
+        help="measure each floor before the runtime's load as well as after it, and compare "
+        "with their mean (the machine's speed drifts between runs)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with ExitStack() as stop:
@@ -627,6 +635,15 @@ def main() -> None:
         )
         results = []
         for index, delay in enumerate(args.delay):
+            before = []
+            if args.bracket:
+                # The machine's speed drifts between runs: the floor is measured on both sides
+                # of the runtime's load, and compared by its mean.
+                for path in filter(None, args.floor.split(",")):
+                    h.wait_quiet(max_wait=10, threshold=0.2)
+                    f = floor.run_floor(args.n, args.turns, delay, args.chunks, path, fake.base_url)
+                    print(f"before: {floor.describe(f)}", flush=True)
+                    before.append(f)
             engine = run_load(
                 s,
                 r,
@@ -644,10 +661,12 @@ def main() -> None:
             if engine["statuses"].get("ok", 0) < args.n:
                 print(f"worker log tail:\n{s.worker.log_tail(40)}")
             floors = []
-            for path in filter(None, args.floor.split(",")):
+            for which, path in enumerate(filter(None, args.floor.split(","))):
                 h.wait_quiet(max_wait=10, threshold=0.2)
                 f = floor.run_floor(args.n, args.turns, delay, args.chunks, path, fake.base_url)
                 print(floor.describe(f), flush=True)
+                if which < len(before):
+                    f = bracketed(before[which], f)
                 floors.append(f)
             print()
             print(table(engine, floors))
@@ -685,6 +704,32 @@ def _delays(text: str) -> list[float]:
     return delays
 
 
+def _floor_cpu(f: dict[str, Any]) -> str:
+    """The floor's CPU per call; bracketed: the mean (before / after)."""
+    around = f.get("cpu_ms_per_turn_around")
+    if around is None:
+        return f"{f['cpu_ms_per_turn']:.2f}"
+    return f"{f['cpu_ms_per_turn']:.2f} ({around[0]:.2f} / {around[1]:.2f})"
+
+
+def bracketed(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """One floor from its runs before and after the runtime's load: CPU and efficiency their
+    mean (each kept), repeats their sum, RSS the larger."""
+    mean = {
+        key: (before[key] + after[key]) / 2
+        for key in ("cpu_ms_per_turn", "efficiency_median", "efficiency_p10")
+    }
+    return {
+        **after,
+        **mean,
+        "repeats": before["repeats"] + after["repeats"],
+        "rss_kb_per_conversation": max(
+            before["rss_kb_per_conversation"], after["rss_kb_per_conversation"]
+        ),
+        "cpu_ms_per_turn_around": (before["cpu_ms_per_turn"], after["cpu_ms_per_turn"]),
+    }
+
+
 def summary(results: list[dict[str, Any]]) -> str:
     """One line per turn delay: what the API took in, what the worker made of it, beside the
     first floor measured at that delay."""
@@ -713,7 +758,7 @@ def summary(results: list[dict[str, Any]]) -> str:
             f"{e['efficiency_median']:.3f} ({e['efficiency_p10']:.3f})",
             f"{f['efficiency_median']:.3f} ({f['efficiency_p10']:.3f})" if f else "–",
             f"{e['worker_cpu_ms_per_turn']:.2f}",
-            f"{f['cpu_ms_per_turn']:.2f}" if f else "–",
+            _floor_cpu(f) if f else "–",
             f"{e['worker_cpu_ms_per_turn'] / f['cpu_ms_per_turn']:.2f}×" if f else "–",
             f"{e['worker_rss_kb_per_spawn']:.0f}",
             f"{e['repeats']}" + (f" (floor {f['repeats']})" if f else ""),
