@@ -492,9 +492,12 @@ def check_worker_killed_mid_spawn(stack: Stack) -> None:
         return found if len(found) >= count else None
 
     wait_until("the spawn to wait on the model after its bash call", lambda: held(1), 120)
-    running = wait_until("Flower to show which worker runs the spawn", lambda: _started(stack), 30)
-    container = _container_of(stack, running)
-    print(f"smoke: SIGKILL to worker container {container[:12]} ({running})", flush=True)
+    # Which worker runs it, from the workers' own logs: Flower's view is built from events,
+    # which Celery may drop (Flower's listing is checked in check_spawns_spread).
+    container = wait_until(
+        "a worker's log to show it runs the spawn", lambda: _running_spawn(stack), 30
+    )
+    print(f"smoke: SIGKILL to worker container {container[:12]}", flush=True)
     stack.engine.docker("kill", "--signal=KILL", container)
     second = wait_until("another worker to resume the spawn", lambda: held(2), 180)
     httpx.post(f"{stack.fake}/_release", json={"hold": "kill"}, timeout=10).raise_for_status()
@@ -528,20 +531,18 @@ def _tool_result(request: dict[str, Any]) -> str:
     )
 
 
-def _started(stack: Stack) -> str | None:
-    for task in stack.flower_tasks().values():
-        if str(task.get("name", "")).startswith("spawn ") and task.get("state") == "STARTED":
-            return str(task.get("worker", ""))
-    return None
-
-
-def _container_of(stack: Stack, worker: str) -> str:
-    host = worker.rsplit("@", 1)[-1]
-    for container in stack.compose("ps", "-q").stdout.split():
-        name = stack.engine.docker("inspect", "-f", "{{.Config.Hostname}}", container).stdout
-        if name.strip() == host:
+def _running_spawn(stack: Stack) -> str | None:
+    """The worker container whose log shows a spawn task received and not yet ended (the
+    earlier spawns all ended: only the one held at the model is running)."""
+    for container in stack.compose("ps", "-q", "worker").stdout.split():
+        logs = stack.engine.docker("logs", container, timeout=60)
+        text = logs.stdout + logs.stderr
+        task = rf"Task spawn {SPECIALIST}\[([0-9a-f-]+)\]"
+        received = set(re.findall(rf"{task} received", text))
+        ended = set(re.findall(rf"{task} (?:succeeded|failed|raised)", text))
+        if received - ended:
             return container
-    raise SmokeFailed(f"no container of the project has the hostname of worker {worker!r}")
+    return None
 
 
 def _line_with(text: str, word: str) -> str:
