@@ -143,13 +143,20 @@ def asking(text: str) -> ModelRequest:
     return ModelRequest(MODEL, [SYSTEM, Message(role="user", content=text)], stream=False)
 
 
+def failures_either_way(
+    text: str, taken: list[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[ModelError, ModelError]:
+    """The failure of asking ``text`` the direct way, then the full way."""
+    quick = failure(asking(text))
+    assert taken
+    full_path(monkeypatch)
+    return quick, failure(asking(text))
+
+
 def test_a_rate_limit_says_how_long_to_wait_either_way(
     fake: FakeOpenAI, taken: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    quick = failure(asking("rate me"))
-    assert taken
-    full_path(monkeypatch)
-    slow = failure(asking("rate me"))
+    quick, slow = failures_either_way("rate me", taken, monkeypatch)
     for error in (quick, slow):
         assert (error.status, error.retryable, error.retry_after) == (429, True, 7.0)
     assert str(quick) == str(slow)
@@ -158,10 +165,7 @@ def test_a_rate_limit_says_how_long_to_wait_either_way(
 def test_a_refusal_is_the_same_error_either_way(
     fake: FakeOpenAI, taken: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    quick = failure(asking("too long"))
-    assert taken
-    full_path(monkeypatch)
-    slow = failure(asking("too long"))
+    quick, slow = failures_either_way("too long", taken, monkeypatch)
     assert (quick.status, quick.retryable, quick.cause) == (400, False, "400 bad request")
     assert str(quick) == str(slow)
 
