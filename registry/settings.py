@@ -88,6 +88,7 @@ _ENV: dict[str, str] = {
     "ONGRID_REPLY_TOKENS": "reply_tokens",
     "ONGRID_SPAWN_TIME_LIMIT_SECONDS": "spawn_time_limit_seconds",
     "ONGRID_TOOL_THREADS": "tool_threads",
+    "ONGRID_INTAKE_THREADS": "intake_threads",
     "ONGRID_STREAM_REPLIES": "stream_replies",
     "ONGRID_METRICS_PORT": "metrics_port",
     "ONGRID_METRICS_HOST": "metrics_host",
@@ -309,6 +310,13 @@ class Settings(BaseModel):
     #: Threads of a worker's pool for tool calls (blocking work, off the event loop): at most
     #: this many tool calls of the process run at once; the others wait for a thread.
     tool_threads: int = Field(default=64, ge=1, le=4096)
+    #: Threads of an API process that start chat turns at once (each a few Redis round trips,
+    #: one database transaction and the Celery publish, blocking code); the other turns wait
+    #: for one. More threads than cores only fight over the interpreter's lock: at 32 turns
+    #: submitted at once on 2 cores, 40 threads cost 3.2 ms of CPU per turn and took 233 per
+    #: second, 2 threads 2.1 ms and 343 per second (bench/engine_load.py). Raise it when the
+    #: database or Redis is far away (each turn then waits longer on them).
+    intake_threads: int = Field(default=2, ge=1, le=256)
     #: When model replies are streamed token by token: ``watched`` (only while someone follows
     #: the session live; otherwise the reply is asked for in one piece, far cheaper, and its
     #: text published as one delta), ``always`` or ``never``.

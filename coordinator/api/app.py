@@ -22,6 +22,7 @@ from pathlib import Path
 
 import redis
 import uvicorn
+from anyio import CapacityLimiter
 from fastapi import FastAPI
 from uvicorn.main import STARTUP_FAILURE
 
@@ -113,6 +114,7 @@ def build_services(settings: Settings) -> Services:
         ),
         hub=StreamHub(url),
         limits=ApiLimiter(settings.limits, client.redis, settings.key_prefix),
+        intake=CapacityLimiter(settings.intake_threads),
     )
 
 

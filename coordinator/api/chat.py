@@ -29,9 +29,11 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, cast
 
 import redis
+from anyio import to_thread
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
@@ -184,6 +186,17 @@ def _open_turn(
     return _Turn(session_id, record, after)
 
 
+async def _start_turn(
+    svc: Services, who: Principal, session: ChatSession | None, body: ChatIn | MessageIn
+) -> _Turn:
+    """:func:`_open_turn` off the event loop, on one of the process's few intake threads
+    (``intake_threads``): a thread per waiting request would spend more CPU on the
+    interpreter's lock than on the turns."""
+    text = body.prompt if isinstance(body, ChatIn) else body.content
+    opened = partial(_open_turn, svc, who, session, text, body.agent, body.context, body.budget)
+    return await to_thread.run_sync(opened, limiter=svc.intake)
+
+
 async def _fail_stranded(watch: StrandedWatch, stop: asyncio.Event) -> None:
     """Every few seconds, fail the turn's spawns that wait on a queue nobody consumes: their
     ``task_notification`` then ends the stream with the queue and the command to run."""
@@ -226,10 +239,7 @@ async def _accepted_turn(
     taken and nothing subscribes. The queue had a live consumer when the turn started (else
     503, as for a streamed turn); a worker lost later is reported on the session's events
     stream, which watches the session's unfinished spawns as a turn's stream does."""
-    text = body.prompt if isinstance(body, ChatIn) else body.content
-    turn = await run_in_threadpool(
-        _open_turn, svc, who, session, text, body.agent, body.context, body.budget
-    )
+    turn = await _start_turn(svc, who, session, body)
     events = f"/api/v1/chat/sessions/{turn.session_id}/events?after={turn.after}"
     accepted = TurnAcceptedOut(
         session_id=turn.session_id,
@@ -256,11 +266,8 @@ async def _opened_turn(
     """The turn's stream, with the stream slot taken first: a caller at their bound of streams
     starts no turn."""
     slot = svc.limits.streams.take(who.user)
-    text = body.prompt if isinstance(body, ChatIn) else body.content
     try:
-        turn = await run_in_threadpool(
-            _open_turn, svc, who, session, text, body.agent, body.context, body.budget
-        )
+        turn = await _start_turn(svc, who, session, body)
     except BaseException:
         slot.release()
         raise

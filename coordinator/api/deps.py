@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 import redis
+from anyio import CapacityLimiter
 from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -72,6 +73,8 @@ class Services:
     hub: StreamHub
     #: The per-user and per-process bounds the API checks (``limits:``).
     limits: ApiLimiter
+    #: The threads that start chat turns (``intake_threads`` at once).
+    intake: CapacityLimiter
 
     @property
     def redis_url(self) -> str:
