@@ -121,6 +121,7 @@ class SpawnClient:
         budget: Budget | None = None,
         budget_cap: Budget | None = None,
         parent_spawn_id: str = "",
+        notify: list[str] | None = None,
     ) -> SpawnRecord:
         """Enqueue a spawn. Unknown persona or role: :class:`UserError` naming what exists.
 
@@ -128,6 +129,8 @@ class SpawnClient:
         dispatches this one has left for it. The spawn runs within the tightest of those, the
         organisation's and its persona's, resolved when it starts. ``parent_spawn_id`` names the
         spawn that dispatches this one, so a console can draw the child's tile under its parent.
+        ``notify`` names notification channels told of the spawn's end besides those the
+        routing rules name (a schedule's).
 
         With ``spawn_id``, spawning is idempotent: a spawn of that id that exists already is
         returned as it is (a resumed coordinator re-attaches to the specialist it started).
@@ -174,6 +177,7 @@ class SpawnClient:
             queue=queue,
             reason=reason,
             parent_spawn_id=parent_spawn_id,
+            notify=list(notify or ()),
             spawn_id=spawn_id or uuid.uuid4().hex,
             budget=SpawnBudget(requested=budget or Budget(), inherited=budget_cap or Budget()),
             # The span current here (the API request, or the coordinator's tool call) is the

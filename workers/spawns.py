@@ -122,6 +122,9 @@ class SpawnRecord(BaseModel):
     reason: str = ""  # why this persona was chosen (the coordinator's matching hint)
     #: The spawn that dispatched this one (a coordinator's); empty for a spawn a person started.
     parent_spawn_id: str = ""
+    #: Notification channels told of this spawn's end besides those the routing rules name
+    #: (a schedule's ``channels``): see :mod:`coordinator.notify`.
+    notify: list[str] = Field(default_factory=list)
     status: SpawnStatus = "queued"
     attempts: int = 0  # executions started by a worker, resumptions included
     lost_attempts: int = 0  # attempts whose worker died (or stalled) before reporting back
