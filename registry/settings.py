@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from registry.budget import OrgBudget
 from registry.errors import UserError
+from registry.notifications import NotificationSettings
 from registry.secret_names import is_secret
 
 __all__ = [
@@ -356,6 +357,9 @@ class Settings(BaseModel):
     max_dispatches_per_turn: int = Field(default=16, ge=1, le=1000)
     #: Per-user and per-process bounds of the HTTP API (see :class:`ApiLimits`).
     limits: ApiLimits = Field(default_factory=lambda: ApiLimits())
+    #: Channels and routing rules of notifications (config file only; see
+    #: :mod:`registry.notifications`).
+    notifications: NotificationSettings = Field(default_factory=lambda: NotificationSettings())
     #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as
     #: the owner: everyone's). Deciding also needs a role with ``approve``.
     approvers: dict[str, list[str]] = Field(default_factory=dict)

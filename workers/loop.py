@@ -683,6 +683,7 @@ class _Run:
     async def _request(self, call: ToolCall, confirmation: Confirmation, needed: int) -> None:
         """Put ``call`` to people: its approval entry, the request event, the checkpoint."""
         context = self.setup.tool_context
+        entry = self.setup.bag.entry(call.name)
         approval = Approval(
             needed=needed,
             args_hash=approval_hash(self.setup.spawn_id, call),
@@ -702,6 +703,7 @@ class _Run:
             requested_by=approval.requested_by,
             expires_at=approval.expires_at,
             needed=needed,
+            tool_class=entry.tool.tool_class.value if entry is not None else "",
         )
         if self.setup.announce is not None:
             await self.setup.announce(event, index)

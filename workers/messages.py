@@ -21,6 +21,8 @@ __all__ = [
     "Message",
     "Requester",
     "QueueWaiting",
+    "SPAWN_END_TEXT_LIMIT",
+    "SpawnEnded",
     "TaskNotification",
     "TextDelta",
     "ToolCall",
@@ -155,6 +157,8 @@ class ConfirmationRequired(_Envelope):
     expires_at: float = 0.0
     #: Approvals from different people the call needs (2: a destructive call).
     needed: int = 1
+    #: The tool's class (``read``, ``write``, ``destructive``): how much the call can change.
+    tool_class: str = ""
 
 
 class ApprovalDecided(_Envelope):
@@ -185,6 +189,31 @@ class TaskNotification(_Envelope):
     #: The budget limit that stopped the spawn (``ok``: ``message`` then holds its partial
     #: answer); ``None``: no limit did.
     budget_reached: Literal["tokens", "cost", "time", "tool_calls", "context"] | None = None
+
+
+class SpawnEnded(_Envelope):
+    """A spawn ended (the spawn-end feed, :mod:`workers.spawn_ends`): what a notification of it
+    says, without a reader having to look the spawn up."""
+
+    type: Literal["spawn_ended"] = "spawn_ended"
+    status: Literal["ok", "failed", "cancelled"]
+    persona: str
+    #: The user whose spawn it is, and whether it ran in the background.
+    owner: str = ""
+    background: bool = False
+    #: The spawn that dispatched this one (a coordinator's); empty for a spawn a person started.
+    parent_spawn_id: str = ""
+    #: Its answer (``ok``) or error, cut at :data:`SPAWN_END_TEXT_LIMIT` characters.
+    message: str = ""
+    budget_reached: Literal["tokens", "cost", "time", "tool_calls", "context"] | None = None
+    cost_usd: float = 0.0
+    #: Channels named by the spawn itself (a schedule's), besides the routing rules'.
+    notify: list[str] = Field(default_factory=list)
+
+
+#: Characters of a spawn's answer a :class:`SpawnEnded` carries (its notification shows the first
+#: lines; the whole answer stays in the spawn's record).
+SPAWN_END_TEXT_LIMIT = 4000
 
 
 class QueueWaiting(_Envelope):
@@ -228,7 +257,8 @@ Event = Annotated[
     | ApprovalDecided
     | TaskNotification
     | QueueWaiting
-    | ContextCompacted,
+    | ContextCompacted
+    | SpawnEnded,
     Field(discriminator="type"),
 ]
 

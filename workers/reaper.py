@@ -34,12 +34,11 @@ from typing import Any
 import redis
 
 from workers._spawn_scripts import (
-    COMPARE_AND_DELETE,
-    COMPARE_AND_PEXPIRE,
     EXPIRED_APPROVALS,
     EXPIRED_LEASES,
     FORGET_EXPIRED,
 )
+from workers.election import Election
 from workers.spawns import SpawnRecord, SpawnStore, decode_record, parse_deadline_member
 
 __all__ = ["ELECTION_PERIODS", "REAP_BATCH", "Reaper"]
@@ -76,19 +75,22 @@ class Reaper:
         self.lease_ms, self.period_s = lease_ms, period_s
         self.requeue, self.on_resumed, self.on_expired = requeue, on_resumed, on_expired
         self.election_key = f"{store.prefix}reaper"
-        self._election_ms = int(period_s * 1000 * ELECTION_PERIODS)
-        self._extend = redis_client.register_script(COMPARE_AND_PEXPIRE)
-        self._resign = redis_client.register_script(COMPARE_AND_DELETE)
+        self.election = Election(
+            redis_client,
+            self.election_key,
+            worker_id,
+            int(period_s * 1000 * ELECTION_PERIODS),
+            "reaper",
+        )
         self._expired = redis_client.register_script(EXPIRED_LEASES)
         self._expired_approvals = redis_client.register_script(EXPIRED_APPROVALS)
         self._forget = redis_client.register_script(FORGET_EXPIRED)
-        self._leader = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spawn-reaper", daemon=True)
 
     @property
     def is_leader(self) -> bool:
-        return self._leader.is_set()
+        return self.election.held
 
     def start(self) -> None:
         self._thread.start()
@@ -99,12 +101,8 @@ class Reaper:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        if resign and self._leader.is_set():
-            try:
-                self._resign(keys=[self.election_key], args=[self.worker_id])
-            except redis.RedisError as exc:
-                log.warning("reaper: could not resign the leadership: %s", exc)
-        self._leader.clear()
+        if resign:
+            self.election.resign()
 
     def tick(self) -> int:
         """One period's work: keep or seek the leadership, and reap and sweep if leading.
@@ -124,16 +122,7 @@ class Reaper:
             self._stop.wait(self.period_s)
 
     def _elect(self) -> bool:
-        if self._leader.is_set():
-            if self._extend(keys=[self.election_key], args=[self.worker_id, self._election_ms]):
-                return True
-            self._leader.clear()
-            log.warning("reaper of %s lost the leadership (it stalled too long)", self.worker_id)
-        if self.r.set(self.election_key, self.worker_id, nx=True, px=self._election_ms):
-            self._leader.set()
-            log.info("reaper of %s is the leader", self.worker_id)
-            return True
-        return False
+        return self.election.hold()
 
     def _reap(self) -> int:
         now, members = self._expired(keys=[self.store.leases_key], args=[REAP_BATCH])

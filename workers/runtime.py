@@ -106,6 +106,7 @@ from workers.publisher import EventWriter, SpawnSink
 from workers.reaper import Reaper
 from workers.reload import RegistryFollower, cluster_version
 from workers.sandbox import Sandbox
+from workers.spawn_ends import SpawnEndFeed, spawn_ended
 from workers.spawns import AsyncSpawnStore, SpawnRecord, SpawnStore
 from workers.tools import default_catalog
 
@@ -215,6 +216,7 @@ class WorkerRuntime:
         self.bus = EventBus(self.redis, prefix)
         self.store = SpawnStore(self.redis, prefix)
         self.approvals = ApprovalFeed(self.redis, prefix)
+        self.ends = SpawnEndFeed(self.redis, prefix)
         self.follower = RegistryFollower(self.redis, self.registry, prefix, seen=version)
         #: The MCP servers of the installed plugins and the config file (started on the first
         #: snapshot that names one), kept in step with every reload.
@@ -756,6 +758,9 @@ class WorkerRuntime:
         sink = self._sink(record.spawn_id, token)
         sink.emit(note, index)
         await sink.flushed()
+        # On the spawn-end feed too (notifications read it), under the notification's index:
+        # an attempt that ends the spawn again after a crash stores nothing twice.
+        await self.ends.aannounce(spawn_ended(record), index, self.aredis)
         if record.state:
             record.state.event_index += 1
         await self._give_back(record, token)
