@@ -34,6 +34,7 @@ SPA_ROUTES = (
     "/chat",
     "/chat/{session_id}",
     "/approvals",
+    "/approvals/{spawn_id}/{call_id}",
     "/spawns/{spawn_id}",
     "/settings",
     "/settings/{rest:path}",

@@ -147,10 +147,20 @@ def test_a_dual_signed_call_waits_for_a_second_person_in_another_browser(console
     spawn_id = tile(alice, "wiper").get_attribute("data-spawn-id")
     assert spawn_id
 
-    carol = console.visit("carol", "/approvals")
+    # Carol follows a notification's link to the card: the console asks her to sign in first
+    # (nothing of the request shows before), then brings that card into view.
+    pending = console.api("carol").get("/api/v1/approvals").json()
+    (call_id,) = [p["call"]["id"] for p in pending if p["spawn_id"] == spawn_id]
+    link = f"/approvals/{spawn_id}/{call_id}"
+    stranger = console.open("carol", link)
+    expect(button(stranger, "Sign in")).to_be_visible()
+    expect(approval(stranger, "wipe_thing")).to_have_count(0)
+    stranger.context.close()
+    carol = console.visit("carol", link)
     expect(carol.get_by_role("heading", name="Waiting for your decision")).to_be_visible()
     hers = approval(carol, "wipe_thing")
     expect(hers).to_be_visible()
+    expect(carol.locator("li.focused").locator('[data-testid="approval"]')).to_have_count(1)
     listing = carol.get_by_role("main")
     expect(listing).to_contain_text("alice")  # the owner
     expect(listing).to_contain_text("wiper")  # the persona
@@ -164,7 +174,9 @@ def test_a_dual_signed_call_waits_for_a_second_person_in_another_browser(console
     console.shoot(carol, "approvals")
     assert console.status(spawn_id) == "waiting" and console.cluster.tool_runs() == []
 
-    erin = console.visit("erin", "/approvals")
+    # A link to a request that is not (or no longer) waiting says so, and the list stays.
+    erin = console.visit("erin", f"/approvals/{spawn_id}/no-such-call")
+    expect(erin.get_by_test_id("focus-gone")).to_contain_text("not waiting for your decision")
     button(approval(erin, "wipe_thing"), "Approve").click()
 
     expect(last_prose(alice), "the answer, once erin signed too").to_contain_text(WIPED)

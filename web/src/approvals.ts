@@ -12,6 +12,8 @@ const DEBOUNCE_MS = 150;
 
 export interface PendingApprovals {
   pending: PendingApproval[];
+  /** Whether the list has been read once (an empty list before that means nothing yet). */
+  loaded: boolean;
   error: string;
   refresh: () => void;
   /** The pending entry of one call, if the user may decide it. */
@@ -20,6 +22,7 @@ export interface PendingApprovals {
 
 export const ApprovalsContext = createContext<PendingApprovals>({
   pending: [],
+  loaded: false,
   error: "",
   refresh: () => undefined,
   find: () => undefined,
@@ -32,11 +35,13 @@ export function useApprovals(): PendingApprovals {
 export function usePendingApprovals(api: Api, me: Me): PendingApprovals {
   const [pending, setPending] = useState<PendingApproval[]>([]);
   const [error, setError] = useState("");
+  const [loaded, setLoaded] = useState(false);
   const timer = useRef<ReturnType<typeof setTimeout> | null>(null);
 
   const load = useCallback(async () => {
     try {
       setPending(await api.get<PendingApproval[]>("/api/v1/approvals"));
+      setLoaded(true);
       setError("");
     } catch (exc) {
       setError(exc instanceof Error ? exc.message : String(exc));
@@ -71,5 +76,5 @@ export function usePendingApprovals(api: Api, me: Me): PendingApprovals {
       pending.find((p) => p.spawn_id === spawnId && p.call.id === callId),
     [pending],
   );
-  return { pending, error, refresh, find };
+  return { pending, loaded, error, refresh, find };
 }

@@ -19,7 +19,7 @@ const TOKEN_KEY = "ongrid.token";
 
 type Route =
   | { view: "chat"; sessionId?: string }
-  | { view: "approvals" }
+  | { view: "approvals"; focus?: string }
   | { view: "spawn"; spawnId: string }
   | { view: "agents"; name?: string }
   | { view: "skills" }
@@ -33,6 +33,10 @@ function parse(path: string): Route {
     return second ? { view: "chat", sessionId: second } : { view: "chat" };
   }
   if (first === "approvals" && parts.length === 1) return { view: "approvals" };
+  // A notification's link to one request's card: /approvals/<spawn id>/<call id>.
+  if (first === "approvals" && parts.length === 3) {
+    return { view: "approvals", focus: `${second}/${third}` };
+  }
   if (first === "spawns" && second && parts.length === 2) return { view: "spawn", spawnId: second };
   if (first === "settings") {
     if (!second || second === "agents") {
@@ -155,7 +159,7 @@ function Shell({ api, me, onSignOut }: { api: Api; me: Me; onSignOut: () => void
           </button>
         </header>
         {route.view === "chat" && <ChatPage sessionId={route.sessionId} />}
-        {route.view === "approvals" && <ApprovalsPage />}
+        {route.view === "approvals" && <ApprovalsPage focus={route.focus} />}
         {route.view === "spawn" && <TranscriptPage spawnId={route.spawnId} />}
         {route.view === "agents" && <AgentsPage name={route.name} />}
         {route.view === "skills" && <SkillsPage />}

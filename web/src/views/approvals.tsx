@@ -1,6 +1,7 @@
 // /approvals: every tool call waiting for this user's decision, in every session they may
 // decide for, background spawns included; each with a link to its spawn's transcript.
-import { useRef } from "preact/hooks";
+// /approvals/<spawn id>/<call id> (a notification's link) brings that request's card into view.
+import { useEffect, useRef } from "preact/hooks";
 import { useApprovals } from "../approvals";
 import { ApprovalCard } from "../components/approval";
 import { useApp } from "../context";
@@ -9,9 +10,9 @@ import { ErrorNote, Link } from "../ui";
 
 const GONE = "No longer waiting: decided by someone, expired, or its spawn ended.";
 
-export function ApprovalsPage() {
+export function ApprovalsPage({ focus }: { focus?: string }) {
   const { me } = useApp();
-  const { pending, error } = useApprovals();
+  const { pending, loaded, error } = useApprovals();
   // Calls seen since the page opened stay listed once decided, so a decision's outcome stays
   // readable instead of the card vanishing under the pointer.
   const seen = useRef(new Map<string, PendingApproval>());
@@ -22,6 +23,12 @@ export function ApprovalsPage() {
     seen.current.set(key, p);
   }
   const shown = [...seen.current.entries()];
+  const focused = useRef<HTMLLIElement>(null);
+  const found = focus !== undefined && seen.current.has(focus);
+  useEffect(() => {
+    if (found) focused.current?.scrollIntoView({ block: "center" });
+  }, [found]);
+  const focusSpawn = (focus ?? "").split("/")[0] ?? "";
   return (
     <main class="page">
       <h1>Waiting for your decision</h1>
@@ -31,10 +38,21 @@ export function ApprovalsPage() {
         </p>
       )}
       <ErrorNote error={error || null} />
+      {focus !== undefined && loaded && !found && (
+        <p class="muted" data-testid="focus-gone">
+          The request you followed is not waiting for your decision: someone decided it, it
+          expired, its spawn ended, or it is not yours to decide.{" "}
+          <Link href={`/spawns/${encodeURIComponent(focusSpawn)}`}>Open its transcript</Link>.
+        </p>
+      )}
       {pending.length === 0 && !error && <p class="muted">Nothing waits for a decision.</p>}
       <ul class="approval-list">
         {shown.map(([key, p]) => (
-          <li key={key}>
+          <li
+            key={key}
+            ref={key === focus ? focused : undefined}
+            class={key === focus ? "focused" : undefined}
+          >
             <p class="approval-context">
               <strong>{p.persona}</strong> for <strong>{p.owner}</strong>
               {p.requested_by.role && <span class="muted"> ({p.requested_by.role})</span>} ·{" "}
