@@ -21,6 +21,7 @@ What is delivered, and how, is :mod:`coordinator.notify`'s.
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -132,6 +133,16 @@ class NotificationSettings(BaseModel):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("must be an http:// or https:// URL with a host")
         return url.rstrip("/")
+
+    @field_validator("channels")
+    @classmethod
+    def _channel_names(cls, channels: dict[str, ChannelConfig]) -> dict[str, ChannelConfig]:
+        for name in channels:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+                raise ValueError(
+                    f"{name!r} is not a channel name: up to 64 letters, digits, '_', '.', '-'"
+                )
+        return channels
 
     @model_validator(mode="after")
     def _known_channels(self) -> NotificationSettings:

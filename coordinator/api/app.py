@@ -26,7 +26,18 @@ from anyio import CapacityLimiter
 from fastapi import FastAPI
 from uvicorn.main import STARTUP_FAILURE
 
-from coordinator.api import agents, approvals, chat, health, me, plugins, skills, spawns, workers
+from coordinator.api import (
+    agents,
+    approvals,
+    chat,
+    health,
+    me,
+    notifications,
+    plugins,
+    skills,
+    spawns,
+    workers,
+)
 from coordinator.api._headers import FramingHeadersMiddleware
 from coordinator.api.console import install_console
 from coordinator.api.deps import Services
@@ -36,10 +47,12 @@ from coordinator.api.limits import ApiLimiter
 from coordinator.api.metrics import install_metrics
 from coordinator.api.stream_hub import StreamHub
 from coordinator.audit_follower import AuditFollower
+from coordinator.notify.sender import NotificationSender
 from coordinator.plugin_manager import PluginManager
 from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
+from coordinator.storage.notifications import NotificationStore
 from coordinator.storage.personas import GuardedUserStore, SqlUserStore
 from coordinator.storage.plugins import PluginStore
 from coordinator.topology import ApiAnnouncer
@@ -90,6 +103,7 @@ def build_services(settings: Settings) -> Services:
     # Spawns are checked against the registry that holds the user personas.
     client = SpawnClient(settings, registry=registry)
     audit = AuditStore(database.engine)
+    outbox = NotificationStore(database.engine)
     return Services(
         settings=settings,
         database=database,
@@ -115,6 +129,8 @@ def build_services(settings: Settings) -> Services:
         hub=StreamHub(url),
         limits=ApiLimiter(settings.limits, client.redis, settings.key_prefix),
         intake=CapacityLimiter(settings.intake_threads),
+        notifications=outbox,
+        notifier=NotificationSender(settings, outbox, database, client.redis),
     )
 
 
@@ -126,6 +142,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.audit_follower.start()
+        services.notifier.start()
         services.hub.start()
         # Where this API's database and Redis are, for workers to check theirs against.
         announcer = ApiAnnouncer(settings, services.database).start()
@@ -162,7 +179,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     )
     # Outside even the metrics: no response leaves without its framing headers (errors too).
     app.add_middleware(FramingHeadersMiddleware)
-    for module in (me, chat, spawns, agents, skills, plugins, workers, health):
+    for module in (me, chat, spawns, agents, skills, plugins, workers, notifications, health):
         app.include_router(module.router)
     app.include_router(approvals.router)
     app.include_router(approvals.audit_router)

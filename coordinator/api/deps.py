@@ -21,10 +21,12 @@ from coordinator.api.limits import ApiLimiter
 from coordinator.api.stream_hub import StreamHub
 from coordinator.audit_follower import AuditFollower
 from coordinator.auth import Principal, authenticate, require
+from coordinator.notify.sender import NotificationSender
 from coordinator.plugin_manager import PluginManager
 from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatSession, ChatStore
 from coordinator.storage.engine import Database
+from coordinator.storage.notifications import NotificationStore
 from coordinator.storage.personas import GuardedUserStore
 from marketplace.catalog import spawn_catalog
 from marketplace.mcp_catalog import described_mcp_tools
@@ -75,6 +77,9 @@ class Services:
     limits: ApiLimiter
     #: The threads that start chat turns (``intake_threads`` at once).
     intake: CapacityLimiter
+    #: The notification outbox, and the sender that fills and delivers it (elected).
+    notifications: NotificationStore
+    notifier: NotificationSender
 
     @property
     def redis_url(self) -> str:
@@ -94,6 +99,7 @@ class Services:
         return spawn_catalog(self.catalog, snapshot.bundle, mcp)
 
     def close(self) -> None:
+        self.notifier.stop()
         self.audit_follower.stop()
         self.client.redis.close()
         self.probe.close()

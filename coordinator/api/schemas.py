@@ -380,6 +380,25 @@ class AuditEntryOut(BaseModel):
     outcome: str = Field(description="What came of it; for a refusal, the code and the reason.")
 
 
+class NotificationOut(BaseModel):
+    """One delivery of a notification to one channel, and where it stands."""
+
+    id: str = Field(description="The delivery's id: its `Idempotency-Key` on every attempt.")
+    channel: str
+    kind: str = Field(description="`approval.requested`, `spawn.finished`, …")
+    spawn_id: str
+    session_id: str
+    owner: str
+    persona: str
+    status: Literal["pending", "sent", "failed"]
+    attempts: int
+    next_attempt_at: datetime = Field(description="When a pending delivery is tried next.")
+    created_at: datetime
+    sent_at: datetime | None
+    last_status: int | None = Field(description="The receiver's last HTTP status, if any.")
+    last_error: str = Field(description="Why the last attempt did not deliver it.")
+
+
 # -- agents ------------------------------------------------------------------------------------
 
 # The persona bodies are derived from :class:`registry.persona.Persona`: a field added there is in
