@@ -213,7 +213,7 @@ class SpawnEnded(_Envelope):
 
 #: Characters of a spawn's answer a :class:`SpawnEnded` carries (its notification shows the first
 #: lines; the whole answer stays in the spawn's record).
-SPAWN_END_TEXT_LIMIT = 4000
+SPAWN_END_TEXT_LIMIT = 2000
 
 
 class QueueWaiting(_Envelope):

@@ -29,7 +29,7 @@ from coordinator.storage.notifications import NotificationStore
 from registry.notifications import ChannelConfig, NotificationSettings, RoutingRule
 from registry.settings import Settings, TokenGrant
 from workers.approvals import ApprovalFeed
-from workers.messages import ConfirmationRequired, Requester, SpawnEnded
+from workers.messages import ApprovalDecided, ConfirmationRequired, Requester, SpawnEnded
 from workers.spawn_ends import SpawnEndFeed
 
 REDIS_URL = redis_server.url(12)
@@ -65,7 +65,8 @@ class Stack:
         self._index = 0
 
     def publish(self, event: Any) -> None:
-        feed = self.approvals if isinstance(event, ConfirmationRequired) else self.ends
+        approval = isinstance(event, ConfirmationRequired | ApprovalDecided)
+        feed = self.approvals if approval else self.ends
         self._index += 1
 
         async def announce() -> None:
@@ -260,6 +261,38 @@ def test_rules_choose_by_event_persona_owner_and_background(
         ("pager", "e", "budget.reached"),
         ("pager", "h", "spawn.finished"),
     ]
+
+
+def test_a_decision_and_an_expiry_reach_the_channels_their_rules_name(
+    receiver: Receiver, database: Database, stacks: list[Stack]
+):
+    rules = [
+        RoutingRule(events=["approval.decided"], channels=["oncall"]),
+        RoutingRule(events=["approval.expired"], channels=["pager"]),
+    ]
+    stack = _stack(stacks, _settings(receiver, rules=rules), database)
+    for call_id, decision, by in (("c1", "approved", "carol"), ("c2", "expired", "")):
+        stack.publish(
+            ApprovalDecided(
+                session_id="se1",
+                spawn_id="sp3",
+                call_id=call_id,
+                name="restart_thing",
+                args_hash="h",
+                decision=decision,  # type: ignore[arg-type]
+                by=by,
+                owner="alice",
+                approved_by=[by] if by else [],
+            )
+        )
+
+    wait_for(lambda: len(receiver.received) == 2, DEADLINE, "the decision and the expiry")
+    (slack,) = receiver.at("/slack/")
+    assert "Approval decided" in slack.json["text"] and "approved by carol" in str(slack.json)
+    (hook,) = receiver.at("/hook/pager")
+    assert hook.json["event"] == "approval.expired"
+    assert hook.json["approval"] | {"decision": "expired", "call_id": "c2"} == hook.json["approval"]
+    assert hook.json["link"] == "https://ongrid.example.com/approvals/sp3/c2"
 
 
 # -- delivery that loses nothing and blocks nothing ---------------------------------------------
