@@ -10,9 +10,10 @@ by. Each round (every :data:`ROUND_SECONDS`, or at once when a delivery ends) th
    position (:class:`~coordinator.storage.notifications.NotificationStore`). A sender that never
    ran starts at the feeds' ends (no flood of history); a feed whose Redis lost its data (a new
    epoch) is read from its start; entries trimmed before they were read are logged as missed.
-2. **sends** the due deliveries on its own threads (``concurrency`` at once, ``per_channel`` per
-   channel: a channel that does not answer holds at most its share), each attempt bounded by
-   the channel's timeout (:mod:`coordinator.notify.delivery`), and records what came of it:
+2. **sends** the due deliveries on threads of their own (``concurrency`` at once,
+   ``per_channel`` per channel: a channel that does not answer holds at most its share), each
+   attempt bounded by the channel's timeout (:mod:`coordinator.notify.delivery`), and records
+   what came of it:
    ``sent``, again later with backoff (``Retry-After`` honoured), or ``failed`` once
    ``max_attempts`` are spent or the receiver refused for good.
 
@@ -27,8 +28,8 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter as Tally
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from importlib import metadata
 
@@ -62,6 +63,8 @@ _BATCH = 500
 _ELECTION_ROUNDS = 10
 #: Seconds between two tries while the database or Redis does not answer.
 _RETRY = 2.0
+#: Seconds :meth:`NotificationSender.stop` lets attempts in flight end.
+STOP_GRACE = 2.0
 
 NOTIFICATIONS = Counter(
     "ongrid_notifications",
@@ -105,7 +108,7 @@ class NotificationSender:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._sending: set[threading.Thread] = set()
         self._http: httpx.Client | None = None
 
     @property
@@ -119,7 +122,6 @@ class NotificationSender:
             return
         self._stop = threading.Event()
         self._prime()
-        self._pool = ThreadPoolExecutor(self.config.concurrency, thread_name_prefix="notify")
         self._http = httpx.Client(follow_redirects=False, headers={"User-Agent": _user_agent()})
         self._thread = threading.Thread(
             target=self._run, args=(self._stop,), name="notification-sender", daemon=True
@@ -127,14 +129,19 @@ class NotificationSender:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop taking in and sending; attempts in flight end within their timeout."""
+        """Stop taking in and sending. Attempts in flight get :data:`STOP_GRACE` seconds to
+        end; one still waiting on its receiver then is left to the process's exit, unrecorded,
+        and sent again (same ``Idempotency-Key``) by the next sender."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread.is_alive():
             self._thread.join()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._http is not None:
+        deadline = time.monotonic() + STOP_GRACE
+        with self._lock:
+            sending = list(self._sending)
+        for thread in sending:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._http is not None and not any(t.is_alive() for t in sending):
             self._http.close()
         self.election.resign()
 
@@ -241,7 +248,6 @@ class NotificationSender:
 
     def send_due(self) -> int:
         """Start the due deliveries the bounds allow; returns how many were started."""
-        assert self._pool is not None, "start() first"
         with self._lock:
             busy = dict(self._in_flight)
         room = self.config.concurrency - len(busy)
@@ -264,7 +270,14 @@ class NotificationSender:
             per_channel[delivery.channel] += 1
             with self._lock:
                 self._in_flight[delivery.id] = delivery.channel
-            self._pool.submit(self._send, delivery)
+            # Daemon threads of its own, not a pool's: a receiver that never answers must not
+            # hold the process's exit (a pool's threads are joined at exit).
+            thread = threading.Thread(
+                target=self._send, args=(delivery,), name="notify-send", daemon=True
+            )
+            with self._lock:
+                self._sending.add(thread)
+            thread.start()
             started += 1
         return started
 
@@ -280,6 +293,7 @@ class NotificationSender:
         finally:
             with self._lock:
                 self._in_flight.pop(delivery.id, None)
+                self._sending.discard(threading.current_thread())
             self._wake.set()
 
     def _attempt(self, delivery: Delivery) -> None:

@@ -371,6 +371,32 @@ def test_taking_in_twice_adds_nothing_and_a_new_sender_resumes_where_the_last_st
     assert len(receiver.received) == 4
 
 
+def test_an_attempt_cut_by_the_senders_stop_is_made_again_with_the_same_key(
+    receiver: Receiver, database: Database, stacks: list[Stack]
+):
+    hung = {
+        "pager": ChannelConfig(type="slack", url=f"{receiver.url}/silent/p", timeout_seconds=60)
+    }
+    rules = [RoutingRule(events=["spawn.finished"], channels=["pager"])]
+    first = _stack(stacks, _settings(receiver, channels=hung, rules=rules), database)
+    first.publish(_ended())
+    wait_for(lambda: receiver.at("/silent/"), DEADLINE, "the attempt to reach the receiver")
+    first.sender.stop()  # as a process stopping: the attempt in flight is not waited for
+    (row,) = first.store.list()
+    assert (row.status, row.attempts) == ("pending", 0)
+
+    # The next sender (the same cluster, the receiver back) sends it again: same key, same body.
+    answering = {"pager": ChannelConfig(type="slack", url=f"{receiver.url}/slack/T1")}
+    settings = _settings(receiver, channels=answering, rules=rules)
+    second = Stack(settings.model_copy(update={"cluster": first.settings.cluster}), database)
+    stacks.append(second)
+    second.sender.start()
+    wait_for(lambda: second.store.list(status="sent"), DEADLINE, "the second attempt")
+    (cut,) = receiver.at("/silent/")
+    (again,) = receiver.at("/slack/")
+    assert again.key == cut.key == row.id and again.body == cut.body
+
+
 def test_one_sender_of_two_holds_the_duty(
     receiver: Receiver, database: Database, stacks: list[Stack]
 ):
