@@ -50,6 +50,13 @@ EVENT_KINDS: tuple[str, ...] = EventKind.__args__  # type: ignore[attr-defined]
 MIN_SECRET_LENGTH = 32
 
 
+def _http_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return url
+
+
 class ChannelConfig(BaseModel):
     """One destination: a Slack incoming webhook or a generic JSON webhook (signed)."""
 
@@ -67,10 +74,7 @@ class ChannelConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _http_url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        return url
+        return _http_url(url)
 
     @model_validator(mode="after")
     def _signed_webhook(self) -> ChannelConfig:
@@ -129,10 +133,7 @@ class NotificationSettings(BaseModel):
     @field_validator("console_url")
     @classmethod
     def _console(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL with a host")
-        return url.rstrip("/")
+        return _http_url(url).rstrip("/")
 
     @field_validator("channels")
     @classmethod
