@@ -7,7 +7,8 @@
 - :mod:`~coordinator.storage.chats`: chat sessions and messages;
 - :mod:`~coordinator.storage.audit`: the audit trail of approvals;
 - :mod:`~coordinator.storage.plugins`: the marketplaces added and the plugins installed;
-- :mod:`~coordinator.storage.cluster`: what processes announce to each other (``cluster_facts``).
+- :mod:`~coordinator.storage.cluster`: what processes announce to each other (``cluster_facts``);
+- :mod:`~coordinator.storage.schedules`: scheduled investigations and their runs.
 
 :mod:`registry` declares the store protocol and never imports this package.
 """
@@ -21,6 +22,7 @@ from coordinator.storage.chats import CHAT_METADATA
 from coordinator.storage.cluster import CLUSTER_METADATA
 from coordinator.storage.personas import AGENTS_METADATA
 from coordinator.storage.plugins import PLUGINS_METADATA
+from coordinator.storage.schedules import SCHEDULES_METADATA
 
 __all__ = ["TARGET_METADATA"]
 
@@ -31,4 +33,5 @@ TARGET_METADATA: list[MetaData] = [
     AUDIT_METADATA,
     PLUGINS_METADATA,
     CLUSTER_METADATA,
+    SCHEDULES_METADATA,
 ]

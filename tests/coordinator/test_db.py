@@ -58,6 +58,8 @@ TABLES = {
     "approval_audit",
     "marketplaces",
     "installed_plugins",
+    "schedules",
+    "schedule_runs",
 }
 
 
@@ -123,10 +125,10 @@ def test_upgrade_creates_the_tables_and_a_second_run_is_a_no_op(engine: Engine) 
     assert not TABLES & set(inspect(engine).get_table_names())
     upgrade(engine)
     assert set(inspect(engine).get_table_names()) >= TABLES
-    assert _version(engine) == _head() == "0005"
+    assert _version(engine) == _head() == "0007"
     SqlUserStore(engine).upsert(_persona())
     upgrade(engine)
-    assert _version(engine) == "0005"
+    assert _version(engine) == "0007"
     assert [p.name for p in SqlUserStore(engine).list()] == ["disk_checker"]
 
 
