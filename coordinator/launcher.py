@@ -4,9 +4,10 @@ It checks before it starts anything: the ports of the API and Flower are free, R
 ``REDIS_URL`` (or, without it, the embedded server can start on ``--redis-port`` or the first
 free port from 6380), and the API is not asked to listen beyond this machine without configured
 tokens. Then it starts Redis when needed, the worker processes, the beat (scheduled
-investigations), Flower and the API (each logging to ``<data_dir>/logs/``), waits until the API is ready, runs one demo spawn, and prints
-what another shell needs: the URLs and the ``export`` lines of the local admin token (made once,
-kept owner-only under the data directory; see :mod:`coordinator.local_auth`).
+investigations), Flower and the API (each logging to ``<data_dir>/logs/``), waits until the API
+is ready, runs one demo spawn, and prints what another shell needs: the URLs and the ``export``
+lines of the local admin token (made once, kept owner-only under the data directory; see
+:mod:`coordinator.local_auth`).
 
 The Redis it embeds is never open: a password generated once (owner-only in the data directory)
 and an ACL user that cannot reconfigure the server (:mod:`workers.embedded_redis`). Its URL,

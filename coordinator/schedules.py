@@ -30,6 +30,9 @@ __all__ = ["ScheduleBook", "ScheduleFirer", "ScheduleView"]
 
 log = logging.getLogger(__name__)
 
+#: Longest a fire holds its schedule's lock (a few database and Redis round trips).
+FIRE_LOCK_SECONDS = 60
+
 
 class ScheduleFirer:
     """Start the run of one schedule at one due time, at most once, one run at a time."""
@@ -42,15 +45,26 @@ class ScheduleFirer:
         if stored is None or not stored.spec.enabled:
             log.info("schedule %s: due %s, but it is gone or disabled", name, due_at)
             return {"status": "ignored"}
+        # One fire of a schedule at a time across the cluster: two due times sent together
+        # (a beat catching up) must see each other's run.
+        lock = self.client.redis.lock(
+            f"{self.client.settings.key_prefix}schedule-fire:{name}",
+            timeout=FIRE_LOCK_SECONDS,
+            blocking_timeout=FIRE_LOCK_SECONDS,
+        )
+        with lock:
+            return self._fire(stored.spec, due_at)
+
+    def _fire(self, spec: ScheduleSpec, due_at: datetime) -> dict[str, Any]:
+        name = spec.name
         run, new = self.store.claim(name, due_at, uuid.uuid4().hex)
         if not new and not self._unstarted(run):
             return {"status": "duplicate", "spawn_id": run.spawn_id}
-        busy = self._still_running(name, due_at)
+        busy = self._still_running(run)
         if busy:
             self.store.settle(run.id, "skipped", busy)
             log.info("schedule %s: run due %s skipped: %s", name, due_at.isoformat(), busy)
             return {"status": "skipped", "reason": busy}
-        spec = stored.spec
         try:
             record = self.client.spawn(
                 spec.persona,
@@ -71,17 +85,22 @@ class ScheduleFirer:
 
     def _unstarted(self, run: ScheduleRun) -> bool:
         """A run claimed by a fire that died before its spawn existed: this one starts it."""
-        return run.status == "started" and bool(run.spawn_id) and (
-            self.client.store.get(run.spawn_id or "") is None
+        return (
+            run.status == "started"
+            and bool(run.spawn_id)
+            and (self.client.store.get(run.spawn_id or "") is None)
         )
 
-    def _still_running(self, name: str, due_at: datetime) -> str:
-        """Why the run due at ``due_at`` must wait out: the previous run still going ("" if not)."""
-        previous = self.store.previous_started(name, due_at)
+    def _still_running(self, run: ScheduleRun) -> str:
+        """Why ``run`` must not start: the schedule's latest other run still going ("" if not)."""
+        previous = self.store.previous_started(run.schedule, run.id)
         if previous is None or not previous.spawn_id:
             return ""
         record = self.client.store.get(previous.spawn_id)
-        if record is None or record.finished:
+        if record is not None and record.finished:
+            return ""
+        if record is None:
+            # Gone (expired long after it ended), or not written yet by a fire that died.
             return ""
         return (
             f"the previous run (spawn {previous.spawn_id}, due {previous.due_at.isoformat()}) "
@@ -137,6 +156,6 @@ class ScheduleBook:
             self.entries.remove(name)
 
     def view(self, stored: StoredSchedule, runs: int) -> ScheduleView:
-        return ScheduleView(stored, self.entries.next_run(stored.spec), self.store.runs(
-            stored.spec.name, runs
-        ))
+        return ScheduleView(
+            stored, self.entries.next_run(stored.spec), self.store.runs(stored.spec.name, runs)
+        )

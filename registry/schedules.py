@@ -37,9 +37,7 @@ def cron_problem(expression: str) -> str | None:
 
     parts = expression.split()
     if len(parts) != len(CRON_FIELDS):
-        return (
-            f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}"
-        )
+        return f"expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)}"
     for field, part in zip(CRON_FIELDS, parts, strict=True):
         top, bottom = _RANGES[field]
         try:

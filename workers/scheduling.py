@@ -56,7 +56,7 @@ _firer_lock = threading.Lock()
 
 
 def redbeat_prefix(settings: Settings) -> str:
-    """Where the cluster's RedBeat keys live: ``ongrid:redbeat:`` or ``ongrid:<cluster>:redbeat:``."""
+    """Where the cluster's RedBeat keys live: ``ongrid:redbeat:``, ``ongrid:<cluster>:redbeat:``."""
     return f"{settings.key_prefix}redbeat:"
 
 

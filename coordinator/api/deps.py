@@ -22,6 +22,7 @@ from coordinator.api.stream_hub import StreamHub
 from coordinator.audit_follower import AuditFollower
 from coordinator.auth import Principal, authenticate, require
 from coordinator.plugin_manager import PluginManager
+from coordinator.schedules import ScheduleBook
 from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatSession, ChatStore
 from coordinator.storage.engine import Database
@@ -67,6 +68,8 @@ class Services:
     #: The audit trail of approvals, and what copies the approval feed into it.
     audit: AuditStore
     audit_follower: AuditFollower
+    #: Scheduled investigations and their beat entries.
+    schedules: ScheduleBook
     #: Marketplaces and installed plugins (admin operations).
     plugins: PluginManager
     #: The one pub/sub connection and read pool of every event stream of this process.

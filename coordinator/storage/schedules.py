@@ -9,6 +9,7 @@ restarted at the wrong moment, a message delivered again) starts at most one spa
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,6 +33,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 from coordinator.storage.columns import NAMING_CONVENTION, UtcDateTime, utcnow
+from registry.budget import Budget
 from registry.errors import NotFoundError, OngridError
 from registry.schedules import ScheduleSpec
 
@@ -179,7 +181,7 @@ class ScheduleStore:
             done = db.execute(delete(_ScheduleRow).where(_ScheduleRow.name == name))
             return bool(getattr(done, "rowcount", 0))
 
-    def sync_config(self, specs: list[ScheduleSpec]) -> list[str]:
+    def sync_config(self, specs: builtins.list[ScheduleSpec]) -> builtins.list[str]:
         """Make the ``config`` rows the config file's schedules: written over (a schedule of
         the API of the same name becomes the config file's), and those no longer in the file
         removed. Returns the names removed."""
@@ -232,22 +234,18 @@ class ScheduleStore:
             if row is not None:
                 row.status, row.reason, row.spawn_id = status, reason, None
 
-    def previous_started(self, name: str, before: datetime) -> ScheduleRun | None:
-        """The latest run of ``name`` due before ``before`` that started a spawn."""
+    def previous_started(self, name: str, run_id: int) -> ScheduleRun | None:
+        """The latest run of ``name`` other than ``run_id`` that started a spawn."""
         with self._sessions() as db:
             row = db.scalars(
                 select(_RunRow)
-                .where(
-                    _RunRow.schedule == name,
-                    _RunRow.due_at < before,
-                    _RunRow.status == "started",
-                )
-                .order_by(_RunRow.due_at.desc())
+                .where(_RunRow.schedule == name, _RunRow.id != run_id, _RunRow.status == "started")
+                .order_by(_RunRow.id.desc())
                 .limit(1)
             ).first()
             return _run(row) if row is not None else None
 
-    def runs(self, name: str, limit: int = 20) -> list[ScheduleRun]:
+    def runs(self, name: str, limit: int = 20) -> builtins.list[ScheduleRun]:
         """The most recent runs of ``name``, newest first."""
         with self._sessions() as db:
             rows = db.scalars(
@@ -285,7 +283,7 @@ def _stored(row: _ScheduleRow) -> StoredSchedule:
         interval_seconds=row.interval_seconds,
         owner=row.owner,
         role=row.role,
-        budget=row.budget,
+        budget=Budget(**row.budget) if row.budget else None,
         channels=row.channels or [],
         enabled=row.enabled,
     )
