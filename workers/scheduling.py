@@ -28,7 +28,7 @@ from celery import Celery
 from celery.schedules import crontab
 from celery.schedules import schedule as interval
 from redbeat import RedBeatScheduler, RedBeatSchedulerEntry
-from redbeat.schedulers import get_redis
+from redbeat.schedulers import ensure_conf, get_redis
 
 from registry.schedules import ScheduleSpec
 from registry.settings import Settings
@@ -143,6 +143,7 @@ class schedule_entries:  # noqa: N801 - a namespace of functions over one app
 
     def __init__(self, app: Celery) -> None:
         self.app = app
+        ensure_conf(app)
 
     def put(self, spec: ScheduleSpec, now: datetime | None = None) -> None:
         """Install or update ``spec``'s entry, keeping the due times it had; a new entry's first

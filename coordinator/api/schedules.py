@@ -134,11 +134,12 @@ def _check_refs(svc: Services, spec: ScheduleSpec) -> None:
 
 
 def _as_caller(who: Principal, owner: str | None, role: str | None) -> tuple[str, str]:
-    if owner not in (None, who.user) or role not in (None, who.role):
-        raise Forbidden(
-            f"a schedule runs as the user who creates it: owner and role can only be "
-            f"{who.user!r} and {who.role!r} (the config file's schedules name any)"
-        )
+    for field, given, own in (("owner", owner, who.user), ("role", role, who.role)):
+        if given not in (None, own):
+            raise Forbidden(
+                f"{field} {given!r} is not yours: a schedule of the API runs as the user who "
+                f"creates it ({who.user!r}, role {who.role!r}); the config file's name any"
+            )
     return who.user, who.role
 
 
