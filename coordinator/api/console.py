@@ -35,6 +35,7 @@ SPA_ROUTES = (
     "/chat/{session_id}",
     "/approvals",
     "/spawns/{spawn_id}",
+    "/schedules",
     "/settings",
     "/settings/{rest:path}",
 )
