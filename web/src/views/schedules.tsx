@@ -131,20 +131,20 @@ export function SchedulesPage() {
                     {schedule.owner} · {schedule.role}
                   </td>
                   <td>
-                    {me.permissions.edit_personas && schedule.source === "api" ? (
-                      <button
-                        type="button"
-                        class="quiet"
-                        data-testid="schedule-toggle"
-                        disabled={busy === schedule.name}
-                        onClick={() => void toggle(schedule)}
-                      >
-                        {schedule.enabled ? "Disable" : "Enable"}
-                      </button>
-                    ) : schedule.enabled ? (
-                      "yes"
-                    ) : (
-                      "no"
+                    {schedule.enabled ? "yes" : "no"}
+                    {me.permissions.edit_personas && schedule.source === "api" && (
+                      <>
+                        {" "}
+                        <button
+                          type="button"
+                          class="quiet"
+                          data-testid="schedule-toggle"
+                          disabled={busy === schedule.name}
+                          onClick={() => void toggle(schedule)}
+                        >
+                          {schedule.enabled ? "Disable" : "Enable"}
+                        </button>
+                      </>
                     )}
                   </td>
                   <td>{schedule.last_run ? <Run run={schedule.last_run} /> : "—"}</td>
