@@ -15,7 +15,7 @@ from pathlib import Path
 from harness import Cluster, final
 from processes import Proc, wait_for
 
-from coordinator.schedules import ScheduleBook
+from coordinator.schedules import ScheduleBook, ScheduleFirer
 from coordinator.storage.engine import database_url, make_engine, upgrade
 from coordinator.storage.schedules import ScheduleRun, ScheduleStore
 from registry.schedules import ScheduleSpec
@@ -85,6 +85,10 @@ def test_schedules_run_on_a_real_beat_through_a_restart_and_skip_overlaps(cluste
         assert done.background and done.queue == "ongrid.background"
     # One spawn per run started, no more: the model saw each once.
     assert len(cluster.fake.requests_for(QUICK)) == len(started)
+    # A due time sent again (a beat killed between sending it and saving it) starts nothing.
+    again = ScheduleFirer(store, cluster.client)("quick", started[-1].due_at)
+    assert again == {"status": "duplicate", "spawn_id": started[-1].spawn_id}
+    assert len(_runs(store, "quick")) == len(quick)
 
     slow = _runs(store, "slow")
     skipped = [run for run in slow if run.status == "skipped"]
