@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from registry.budget import Budget
+from registry.template import check_context
 
 __all__ = ["CRON_FIELDS", "ScheduleSpec", "cron_problem"]
 
@@ -91,6 +92,12 @@ class ScheduleSpec(BaseModel):
                 "'_', starting with a letter or digit"
             )
         return name
+
+    @field_validator("context")
+    @classmethod
+    def _context(cls, context: dict[str, Any]) -> dict[str, Any]:
+        check_context(context)  # what a spawn would refuse, refused when the schedule is made
+        return context
 
     @field_validator("cron")
     @classmethod

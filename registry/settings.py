@@ -470,6 +470,12 @@ class Settings(BaseModel):
                 f"invalid settings (from {config_path}): auth.tokens name unknown role(s) "
                 f"{', '.join(sorted(unknown_roles))}; known: {', '.join(settings.roles)}"
             )
+        for number, spec in enumerate(settings.schedules):
+            if spec.role and spec.role not in settings.roles:
+                raise UserError(
+                    f"invalid settings (from {config_path}): schedules.{number}.role: unknown "
+                    f"role {spec.role!r}; known: {', '.join(settings.roles)}"
+                )
         return settings
 
 

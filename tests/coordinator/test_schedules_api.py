@@ -142,6 +142,10 @@ def test_bad_input_is_refused_naming_the_field(api: Api):
     assert "name" in refused(422, name="Daily Disk")
     assert "colour" in refused(422, colour="red")
     assert "max_tool_calls" in refused(422, budget={"max_tool_calls": 0})
+    deep: dict[str, Any] = {"end": 1}
+    for _ in range(10):
+        deep = {"in": deep}
+    assert "context" in refused(422, context=deep)
     unknown = refused(404, persona="nobody")
     assert "'nobody'" in unknown and "incident_investigator" in unknown
     assert "'operator'" in refused(403, role="operator")
@@ -184,6 +188,12 @@ def test_the_config_files_schedules_are_checked_like_every_setting(tmp_path: Pat
     message = str(caught.value)
     assert "schedules.0.cron" in message and "month_of_year '13' is invalid" in message
     assert "schedules.1.colour: Extra inputs are not permitted" in message
+    config.write_text(
+        "schedules: [{name: a, persona: x, prompt: p, cron: '0 7 * * *', role: chief}]\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(UserError, match=r"schedules.0.role: unknown role 'chief'; known: admin"):
+        Settings.load({"ONGRID_CONFIG": str(config)})
 
 
 def test_the_beat_without_redis_says_so_in_one_line(tmp_path: Path):
