@@ -24,7 +24,7 @@ from coordinator.storage.schedules import ScheduleRun, ScheduleStore, StoredSche
 from registry.errors import OngridError
 from registry.schedules import ScheduleSpec
 from workers.client import SpawnClient
-from workers.scheduling import schedule_entries
+from workers.scheduling import ScheduleEntries
 
 __all__ = ["ScheduleBook", "ScheduleFirer", "ScheduleView"]
 
@@ -136,7 +136,7 @@ class ScheduleBook:
 
     def __init__(self, store: ScheduleStore, app: Celery) -> None:
         self.store = store
-        self.entries = schedule_entries(app)
+        self.entries = ScheduleEntries(app)
 
     def sync(self, spec: ScheduleSpec) -> None:
         """An enabled schedule has its entry (due times kept); a disabled one has none."""

@@ -38,12 +38,12 @@ __all__ = [
     "FIRE_TASK",
     "MAX_SENDS_PER_TICK",
     "ScheduleBeat",
+    "ScheduleEntries",
     "beat_config",
     "celery_schedule",
     "due_after",
     "fire",
     "redbeat_prefix",
-    "schedule_entries",
     "use_schedule_firer",
 ]
 
@@ -138,7 +138,7 @@ def _first_due(entry: Any, now: datetime, window: timedelta) -> datetime:
 # -- the entries, from the API's side ----------------------------------------------------------
 
 
-class schedule_entries:  # noqa: N801 - a namespace of functions over one app
+class ScheduleEntries:
     """Create, remove and read the RedBeat entries of schedules (the API's side)."""
 
     def __init__(self, app: Celery) -> None:
