@@ -3,10 +3,11 @@
 It checks before it starts anything: the ports of the API and Flower are free, Redis answers at
 ``REDIS_URL`` (or, without it, the embedded server can start on ``--redis-port`` or the first
 free port from 6380), and the API is not asked to listen beyond this machine without configured
-tokens. Then it starts Redis when needed, the worker processes, Flower and the API (each
-logging to ``<data_dir>/logs/``), waits until the API is ready, runs one demo spawn, and prints
-what another shell needs: the URLs and the ``export`` lines of the local admin token (made once,
-kept owner-only under the data directory; see :mod:`coordinator.local_auth`).
+tokens. Then it starts Redis when needed, the worker processes, the beat (scheduled
+investigations), Flower and the API (each logging to ``<data_dir>/logs/``), waits until the API
+is ready, runs one demo spawn, and prints what another shell needs: the URLs and the ``export``
+lines of the local admin token (made once, kept owner-only under the data directory; see
+:mod:`coordinator.local_auth`).
 
 The Redis it embeds is never open: a password generated once (owner-only in the data directory)
 and an ACL user that cannot reconfigure the server (:mod:`workers.embedded_redis`). Its URL,
@@ -363,6 +364,7 @@ def _start_children(plan: _Plan, options: UpOptions) -> list[_Child]:
          ["worker", f"--name={name}", f"--queues={queue}", "--loglevel=WARNING"])
         for name, queue in _workers(options)
     ]  # fmt: skip
+    specs.append(("the beat", "beat", base, ["beat", "--loglevel=WARNING"]))
     specs.append(
         ("Flower", "flower", {**base, _FLOWER_ENV: plan.flower_login},
          ["flower", f"--port={options.flower_port}"])

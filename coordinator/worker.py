@@ -71,12 +71,16 @@ _REDIS_TIMEOUT = 5.0
 
 def build_runtime(settings: Settings) -> WorkerRuntime:
     """The runtime of a worker process, ready to run specialists and coordinator turns."""
+    from coordinator.schedules import ScheduleFirer
     from coordinator.storage.engine import database_url, make_engine, upgrade
     from coordinator.storage.personas import SqlUserStore
     from coordinator.storage.plugins import PluginStore
+    from coordinator.storage.schedules import ScheduleStore
     from coordinator.topology import CHECK_TIMEOUT, check_worker
     from coordinator.turns import install
+    from workers.client import SpawnClient
     from workers.hardening import harden_process
+    from workers.scheduling import use_schedule_firer
 
     engine = make_engine(database_url(settings))
     upgrade(engine)  # concurrent upgrades wait for each other
@@ -96,6 +100,9 @@ def build_runtime(settings: Settings) -> WorkerRuntime:
     # User personas and installed plugins from the database, which every host shares.
     runtime.use_user_store(SqlUserStore(engine), PluginStore(engine))
     install(runtime)  # the coordinator persona and the AgentTool
+    # The runs of schedules the beat sends here start as spawns from this process.
+    client = SpawnClient(settings, registry=runtime.registry)
+    use_schedule_firer(ScheduleFirer(ScheduleStore(engine), client))
     return runtime
 
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from registry.budget import OrgBudget
 from registry.errors import UserError
 from registry.notifications import NotificationSettings
+from registry.schedules import ScheduleSpec
 from registry.secret_names import is_secret
 
 __all__ = [
@@ -97,6 +98,8 @@ _ENV: dict[str, str] = {
     "ONGRID_PLUGINS_ALLOW_NETWORK": "plugins_allow_network",
     "ONGRID_MAX_DISPATCHES_PER_REPLY": "max_dispatches_per_reply",
     "ONGRID_MAX_DISPATCHES_PER_TURN": "max_dispatches_per_turn",
+    "ONGRID_SCHEDULE_POLL_SECONDS": "schedule_poll_seconds",
+    "ONGRID_SCHEDULE_CATCH_UP_SECONDS": "schedule_catch_up_seconds",
     # OpenTelemetry's own name for it, which collectors and operators already set.
     "OTEL_EXPORTER_OTLP_ENDPOINT": "otlp_endpoint",
 }
@@ -360,6 +363,16 @@ class Settings(BaseModel):
     #: Channels and routing rules of notifications (config file only; see
     #: :mod:`registry.notifications`).
     notifications: NotificationSettings = Field(default_factory=lambda: NotificationSettings())
+    #: Scheduled investigations from the config file (read-only through the API, which adds
+    #: its own to the database); see :class:`~registry.schedules.ScheduleSpec`.
+    schedules: list[ScheduleSpec] = Field(default_factory=list)
+    #: Longest sleep of the beat between two looks at its schedule in Redis: a schedule created
+    #: or changed through the API is seen within this time. A beat killed without a clean stop
+    #: holds its lock for five times this long, then another beat may take over.
+    schedule_poll_seconds: float = Field(default=5.0, gt=0, le=300)
+    #: A run due longer ago than this when the beat gets to it (it was down) is not caught up:
+    #: the schedule goes on from the next due time. Runs due within it are started one by one.
+    schedule_catch_up_seconds: float = Field(default=600.0, ge=0)
     #: Who may see and decide on whose spawns, besides their owner: owner → users (``"*"`` as
     #: the owner: everyone's). Deciding also needs a role with ``approve``.
     approvers: dict[str, list[str]] = Field(default_factory=dict)
@@ -391,6 +404,16 @@ class Settings(BaseModel):
                     "${ONGRID_SKILL_…} without listing them)"
                 )
         return names
+
+    @field_validator("schedules")
+    @classmethod
+    def _unique_schedules(cls, schedules: list[ScheduleSpec]) -> list[ScheduleSpec]:
+        seen: set[str] = set()
+        for spec in schedules:
+            if spec.name in seen:
+                raise ValueError(f"two schedules are named {spec.name!r}")
+            seen.add(spec.name)
+        return schedules
 
     @property
     def key_prefix(self) -> str:
@@ -451,6 +474,12 @@ class Settings(BaseModel):
                 f"invalid settings (from {config_path}): auth.tokens name unknown role(s) "
                 f"{', '.join(sorted(unknown_roles))}; known: {', '.join(settings.roles)}"
             )
+        for number, spec in enumerate(settings.schedules):
+            if spec.role and spec.role not in settings.roles:
+                raise UserError(
+                    f"invalid settings (from {config_path}): schedules.{number}.role: unknown "
+                    f"role {spec.role!r}; known: {', '.join(settings.roles)}"
+                )
         return settings
 
 

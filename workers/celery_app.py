@@ -34,6 +34,7 @@ from kombu import Exchange, Queue
 from registry.settings import Settings
 
 __all__ = [
+    "FIRE_TASK",
     "PING_TASK",
     "QUEUES",
     "SPAWN_TASK",
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 SPAWN_TASK = "ongrid.spawn"
+#: Sent by the beat at each due time of a schedule; starts its run (:mod:`workers.scheduling`).
+FIRE_TASK = "ongrid.schedule.fire"
 PING_TASK = "ongrid.ping"
 QUEUES = {
     "interactive": "ongrid.interactive",
@@ -75,6 +78,13 @@ def _run_spawn(task: Any, spawn_id: str, persona: str) -> dict[str, Any]:
     return worker_runtime().execute(spawn_id)
 
 
+def _fire_schedule(name: str, due_at: str) -> dict[str, Any]:
+    """Start (or skip) the run of schedule ``name`` due at ``due_at`` (ISO 8601)."""
+    from workers.scheduling import fire
+
+    return fire(name, due_at)
+
+
 def _ping() -> str:
     """Health check: a task that does nothing; also the baseline of the spawn benchmark."""
     return "pong"
@@ -100,6 +110,8 @@ def _broker_transport(url: str) -> str | None:
 
 
 def make_celery(settings: Settings) -> Celery:
+    from workers.scheduling import beat_config
+
     url = settings.redis_url or DEFAULT_REDIS_URL
     app = Celery("ongrid", broker=url, backend=url)
     transport: dict[str, Any] = {"visibility_timeout": VISIBILITY_TIMEOUT}
@@ -115,6 +127,8 @@ def make_celery(settings: Settings) -> Celery:
         result_backend_transport_options=transport,
         task_queues=[Queue(name, Exchange(name), routing_key=name) for name in QUEUES.values()],
         task_default_queue=QUEUES["interactive"],
+        # A schedule's fire only starts a spawn: it waits behind no interactive spawn.
+        task_routes={FIRE_TASK: {"queue": QUEUES["background"]}},
         task_time_limit=SPAWN_TIME_LIMIT,
         task_serializer="json",
         result_serializer="json",
@@ -126,9 +140,11 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         worker_pool="threads",
         worker_concurrency=1024,
+        **beat_config(settings, url),
     )
     # A spawn's outcome is its record in the spawn store (and Flower reads Celery's events):
     # nobody reads Celery's result of it, so none is stored.
     app.task(name=SPAWN_TASK, bind=True, ignore_result=True)(_run_spawn)
     app.task(name=PING_TASK)(_ping)
+    app.task(name=FIRE_TASK, ignore_result=True)(_fire_schedule)
     return app

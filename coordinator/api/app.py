@@ -24,6 +24,7 @@ import redis
 import uvicorn
 from anyio import CapacityLimiter
 from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
 from uvicorn.main import STARTUP_FAILURE
 
 from coordinator.api import (
@@ -38,6 +39,7 @@ from coordinator.api import (
     spawns,
     workers,
 )
+from coordinator.api import schedules as schedules_api
 from coordinator.api._headers import FramingHeadersMiddleware
 from coordinator.api.console import install_console
 from coordinator.api.deps import Services
@@ -49,17 +51,19 @@ from coordinator.api.stream_hub import StreamHub
 from coordinator.audit_follower import AuditFollower
 from coordinator.notify.sender import NotificationSender
 from coordinator.plugin_manager import PluginManager
+from coordinator.schedules import ScheduleBook
 from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatStore
 from coordinator.storage.engine import Database, DatabaseUnavailable, database_url, make_engine
 from coordinator.storage.notifications import NotificationStore
 from coordinator.storage.personas import GuardedUserStore, SqlUserStore
 from coordinator.storage.plugins import PluginStore
+from coordinator.storage.schedules import ScheduleStore
 from coordinator.topology import ApiAnnouncer
 from coordinator.web import DIST
 from registry.defaults import build_registry
 from registry.settings import DEFAULT_API_PORT, Settings
-from workers.celery_app import DEFAULT_REDIS_URL, celery_key_prefix
+from workers.celery_app import DEFAULT_REDIS_URL, celery_key_prefix, make_celery
 from workers.client import SpawnClient
 from workers.hardening import harden_process
 from workers.reload import RegistryFollower, cluster_version
@@ -118,6 +122,7 @@ def build_services(settings: Settings) -> Services:
         ),
         audit=audit,
         audit_follower=AuditFollower(client.approvals, audit, database),
+        schedules=ScheduleBook(ScheduleStore(database.engine), make_celery(settings)),
         plugins=PluginManager(
             settings.marketplace_root,
             plugin_store,
@@ -134,6 +139,16 @@ def build_services(settings: Settings) -> Services:
     )
 
 
+def _sync_schedules(services: Services) -> None:
+    """The config file's schedules stored, and the beat's entries as the database says. With
+    the database or Redis down the API starts anyway; the entries stay as they were."""
+    try:
+        services.database.ensure()
+        services.schedules.sync_all(services.settings.schedules)
+    except (DatabaseUnavailable, SQLAlchemyError, redis.RedisError) as exc:
+        log.warning("schedules not synced with the beat at start: %s", exc)
+
+
 def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     """The ASGI application for ``settings``; ``console_dist`` holds the web console's build."""
     services = build_services(settings)
@@ -141,6 +156,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        _sync_schedules(services)
         services.audit_follower.start()
         services.notifier.start()
         services.hub.start()
@@ -181,6 +197,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
     app.add_middleware(FramingHeadersMiddleware)
     for module in (me, chat, spawns, agents, skills, plugins, workers, notifications, health):
         app.include_router(module.router)
+    app.include_router(schedules_api.router)
     app.include_router(approvals.router)
     app.include_router(approvals.audit_router)
     install_console(app, console_dist)

@@ -36,6 +36,7 @@ SPA_ROUTES = (
     "/approvals",
     "/approvals/{spawn_id}/{call_id}",
     "/spawns/{spawn_id}",
+    "/schedules",
     "/settings",
     "/settings/{rest:path}",
 )

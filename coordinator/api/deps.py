@@ -23,6 +23,7 @@ from coordinator.audit_follower import AuditFollower
 from coordinator.auth import Principal, authenticate, require
 from coordinator.notify.sender import NotificationSender
 from coordinator.plugin_manager import PluginManager
+from coordinator.schedules import ScheduleBook
 from coordinator.storage.audit import AuditStore
 from coordinator.storage.chats import ChatSession, ChatStore
 from coordinator.storage.engine import Database
@@ -69,6 +70,8 @@ class Services:
     #: The audit trail of approvals, and what copies the approval feed into it.
     audit: AuditStore
     audit_follower: AuditFollower
+    #: Scheduled investigations and their beat entries.
+    schedules: ScheduleBook
     #: Marketplaces and installed plugins (admin operations).
     plugins: PluginManager
     #: The one pub/sub connection and read pool of every event stream of this process.

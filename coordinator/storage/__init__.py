@@ -8,7 +8,8 @@
 - :mod:`~coordinator.storage.audit`: the audit trail of approvals;
 - :mod:`~coordinator.storage.plugins`: the marketplaces added and the plugins installed;
 - :mod:`~coordinator.storage.cluster`: what processes announce to each other (``cluster_facts``);
-- :mod:`~coordinator.storage.notifications`: the notification outbox.
+- :mod:`~coordinator.storage.notifications`: the notification outbox;
+- :mod:`~coordinator.storage.schedules`: scheduled investigations and their runs.
 
 :mod:`registry` declares the store protocol and never imports this package.
 """
@@ -23,6 +24,7 @@ from coordinator.storage.cluster import CLUSTER_METADATA
 from coordinator.storage.notifications import NOTIFICATIONS_METADATA
 from coordinator.storage.personas import AGENTS_METADATA
 from coordinator.storage.plugins import PLUGINS_METADATA
+from coordinator.storage.schedules import SCHEDULES_METADATA
 
 __all__ = ["TARGET_METADATA"]
 
@@ -34,4 +36,5 @@ TARGET_METADATA: list[MetaData] = [
     PLUGINS_METADATA,
     CLUSTER_METADATA,
     NOTIFICATIONS_METADATA,
+    SCHEDULES_METADATA,
 ]

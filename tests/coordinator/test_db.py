@@ -60,6 +60,8 @@ TABLES = {
     "installed_plugins",
     "notification_deliveries",
     "notification_feeds",
+    "schedules",
+    "schedule_runs",
 }
 
 
@@ -125,10 +127,10 @@ def test_upgrade_creates_the_tables_and_a_second_run_is_a_no_op(engine: Engine) 
     assert not TABLES & set(inspect(engine).get_table_names())
     upgrade(engine)
     assert set(inspect(engine).get_table_names()) >= TABLES
-    assert _version(engine) == _head() == "0006"
+    assert _version(engine) == _head() == "0007"
     SqlUserStore(engine).upsert(_persona())
     upgrade(engine)
-    assert _version(engine) == "0006"
+    assert _version(engine) == "0007"
     assert [p.name for p in SqlUserStore(engine).list()] == ["disk_checker"]
 
 

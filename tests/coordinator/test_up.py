@@ -340,7 +340,10 @@ def test_the_flower_command_makes_its_own_login_when_none_is_given(running, tmp_
 
 def test_up_stops_everything_on_sigterm(running):
     children = running.children()
-    assert len(children) >= 5
+    assert len(children) >= 6
+    # The beat among them, logging where the others do.
+    assert any("beat" in child.cmdline() for child in children)
+    assert (running.data / "logs" / "beat.log").is_file()
     assert running.stop() == 0
     _, alive = psutil.wait_procs(children, timeout=30)
     assert alive == []

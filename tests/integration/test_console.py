@@ -269,6 +269,23 @@ def test_a_persona_is_made_used_edited_and_deleted_and_a_disk_one_is_read_only(
     expect(skills.locator('[data-testid="skill-row"][data-name="restart_thing"]')).to_be_visible()
     console.shoot(page, "skills")
 
+    schedule = {
+        "name": "nightly-probe",
+        "persona": "probe",
+        "prompt": "Hosts?",
+        "cron": "0 3 * * *",
+    }
+    assert console.api("alice").post("/api/v1/schedules", json=schedule).status_code == 201
+    page.get_by_role("link", name="Schedules", exact=True).click()
+    row = page.locator('[data-testid="schedule-row"][data-name="nightly-probe"]')
+    expect(row).to_contain_text("cron 0 3 * * * (UTC)")
+    expect(row).to_contain_text("alice · admin")
+    button(row, "Disable").click()
+    expect(button(row, "Enable")).to_be_visible()
+    found = console.api("alice").get("/api/v1/schedules/nightly-probe").json()
+    assert found["enabled"] is False and found["next_run_at"] is None
+    console.shoot(page, "schedules")
+
 
 def test_a_cut_stream_reconnects_and_the_answer_shows_exactly_once(console: ConsoleSite):
     # The cut drops every connection the page holds: Chromium logs those failed loads.
@@ -390,6 +407,13 @@ def test_a_viewer_sees_pending_calls_and_personas_without_the_controls_to_change
     bob.goto("/settings/agents")
     expect(_agent_row(bob, "fixer")).to_be_visible()
     expect(button(bob, "New persona")).to_have_count(0)
+
+    schedule = {"name": "hourly-probe", "persona": "probe", "prompt": "Hosts?", "cron": "0 * * * *"}
+    assert console.api("alice").post("/api/v1/schedules", json=schedule).status_code == 201
+    bob.goto("/schedules")
+    row = bob.locator('[data-testid="schedule-row"][data-name="hourly-probe"]')
+    expect(row).to_contain_text("yes")
+    expect(row.get_by_test_id("schedule-toggle")).to_have_count(0)
     assert console.status(spawn_id) == "waiting"
 
 

@@ -10,6 +10,7 @@ import { AgentsPage } from "./views/agents";
 import { ApprovalsPage } from "./views/approvals";
 import { ChatPage } from "./views/chat";
 import { PluginsPage } from "./views/plugins";
+import { SchedulesPage } from "./views/schedules";
 import { SkillsPage } from "./views/skills";
 import { TranscriptPage } from "./views/transcript";
 import "./styles.css";
@@ -24,6 +25,7 @@ type Route =
   | { view: "agents"; name?: string }
   | { view: "skills" }
   | { view: "plugins" }
+  | { view: "schedules" }
   | { view: "missing"; path: string };
 
 function parse(path: string): Route {
@@ -38,6 +40,7 @@ function parse(path: string): Route {
     return { view: "approvals", focus: `${second}/${third}` };
   }
   if (first === "spawns" && second && parts.length === 2) return { view: "spawn", spawnId: second };
+  if (first === "schedules" && parts.length === 1) return { view: "schedules" };
   if (first === "settings") {
     if (!second || second === "agents") {
       return parts.length <= 3 && third ? { view: "agents", name: third } : { view: "agents" };
@@ -139,6 +142,9 @@ function Shell({ api, me, onSignOut }: { api: Api; me: Me; onSignOut: () => void
                 </span>
               )}
             </Link>
+            <Link href="/schedules" aria-current={current("schedules")}>
+              Schedules
+            </Link>
             <Link href="/settings/agents" aria-current={current("agents")}>
               Agents
             </Link>
@@ -164,6 +170,7 @@ function Shell({ api, me, onSignOut }: { api: Api; me: Me; onSignOut: () => void
         {route.view === "agents" && <AgentsPage name={route.name} />}
         {route.view === "skills" && <SkillsPage />}
         {route.view === "plugins" && <PluginsPage />}
+        {route.view === "schedules" && <SchedulesPage />}
         {route.view === "missing" && (
           <main class="page">
             <h1>Not found</h1>
