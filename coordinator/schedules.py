@@ -74,6 +74,7 @@ class ScheduleFirer:
                 role=spec.role or None,
                 budget=spec.budget,
                 notify=spec.channels,
+                background=True,
                 spawn_id=run.spawn_id,
                 reason=f"schedule {name}, due {due_at.isoformat()}",
             )

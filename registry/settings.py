@@ -474,11 +474,18 @@ class Settings(BaseModel):
                 f"invalid settings (from {config_path}): auth.tokens name unknown role(s) "
                 f"{', '.join(sorted(unknown_roles))}; known: {', '.join(settings.roles)}"
             )
+        channels = settings.notifications.channels
         for number, spec in enumerate(settings.schedules):
             if spec.role and spec.role not in settings.roles:
                 raise UserError(
                     f"invalid settings (from {config_path}): schedules.{number}.role: unknown "
                     f"role {spec.role!r}; known: {', '.join(settings.roles)}"
+                )
+            if unknown := sorted(set(spec.channels) - set(channels)):
+                raise UserError(
+                    f"invalid settings (from {config_path}): schedules.{number}.channels: "
+                    f"unknown notification channel(s) {', '.join(unknown)}; known: "
+                    f"{', '.join(sorted(channels)) or 'none (notifications.channels)'}"
                 )
         return settings
 

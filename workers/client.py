@@ -122,6 +122,7 @@ class SpawnClient:
         budget_cap: Budget | None = None,
         parent_spawn_id: str = "",
         notify: list[str] | None = None,
+        background: bool | None = None,
     ) -> SpawnRecord:
         """Enqueue a spawn. Unknown persona or role: :class:`UserError` naming what exists.
 
@@ -130,7 +131,8 @@ class SpawnClient:
         organisation's and its persona's, resolved when it starts. ``parent_spawn_id`` names the
         spawn that dispatches this one, so a console can draw the child's tile under its parent.
         ``notify`` names notification channels told of the spawn's end besides those the
-        routing rules name (a schedule's).
+        routing rules name (a schedule's). ``background``: run it in the background whatever
+        its persona says (a scheduled run: nobody waits on it); ``None``: as the persona says.
 
         With ``spawn_id``, spawning is idempotent: a spawn of that id that exists already is
         returned as it is (a resumed coordinator re-attaches to the specialist it started).
@@ -147,10 +149,12 @@ class SpawnClient:
             existing = self.store.get(spawn_id)
             if existing is not None:
                 return existing
-        background = False
         if queue is None:
             snapshot = self.snapshot()
-            background = snapshot.get(persona).background
+            if background is None:
+                background = snapshot.get(persona).background
+            else:
+                snapshot.get(persona)  # unknown: refused, naming those that exist
             if persona in snapshot.unavailable:
                 why = snapshot.unavailable[persona]
                 raise UserError(f"agent {persona!r} is unavailable: {why}")
@@ -173,7 +177,7 @@ class SpawnClient:
             context=context or {},
             role=role,
             user=user,
-            background=background,
+            background=bool(background),
             queue=queue,
             reason=reason,
             parent_spawn_id=parent_spawn_id,

@@ -131,6 +131,9 @@ def _check_refs(svc: Services, spec: ScheduleSpec) -> None:
     svc.snapshot().get(spec.persona)  # 404 naming the personas that exist
     if spec.role and spec.role not in svc.settings.roles:
         raise NotFoundError("role", spec.role, sorted(svc.settings.roles))
+    channels = svc.settings.notifications.channels
+    if unknown := sorted(set(spec.channels) - set(channels)):
+        raise NotFoundError("notification channel", unknown[0], sorted(channels))
 
 
 def _as_caller(who: Principal, owner: str | None, role: str | None) -> tuple[str, str]:

@@ -19,6 +19,7 @@ from servers import AppServer
 
 from coordinator.api import create_app
 from registry.errors import UserError
+from registry.notifications import ChannelConfig, NotificationSettings
 from registry.schedules import ScheduleSpec
 from registry.settings import Settings, TokenGrant, token_digest
 
@@ -83,6 +84,9 @@ def api(tmp_path: Path, claimed_redis_url: str, beat_redis: redis.Redis) -> Iter
         data_dir=tmp_path / ".ongrid",
         token_grants=grants,
         schedules=[FROM_FILE],
+        notifications=NotificationSettings(
+            channels={"oncall": ChannelConfig(type="slack", url="http://127.0.0.1:9/hook")}
+        ),
     )
     server = Api(settings)
     yield server
@@ -97,6 +101,9 @@ def test_editors_create_change_and_delete_schedules_that_the_beat_follows(
     api: Api, beat_redis: redis.Redis
 ):
     alice = api.client()
+    unknown = alice.post("/api/v1/schedules", json={**DAILY, "channels": ["oncal"]})
+    assert unknown.status_code == 404
+    assert _error(unknown)["message"] == "unknown notification channel 'oncal'; known: oncall"
     created = alice.post("/api/v1/schedules", json=DAILY)
     assert created.status_code == 201, created.text
     assert created.headers["location"] == "/api/v1/schedules/daily-disk"
@@ -193,6 +200,12 @@ def test_the_config_files_schedules_are_checked_like_every_setting(tmp_path: Pat
         encoding="utf-8",
     )
     with pytest.raises(UserError, match=r"schedules.0.role: unknown role 'chief'; known: admin"):
+        Settings.load({"ONGRID_CONFIG": str(config)})
+    config.write_text(
+        "schedules: [{name: a, persona: x, prompt: p, cron: '0 7 * * *', channels: [pagr]}]\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(UserError, match=r"schedules.0.channels: unknown notification channel"):
         Settings.load({"ONGRID_CONFIG": str(config)})
 
 

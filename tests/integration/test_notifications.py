@@ -4,11 +4,14 @@ generic webhook, configured in the config file as the documentation shows.
 
 A background spawn asks for an approval: the request reaches both channels with the call, who
 may decide and the link to its card; carol approves in the API; the spawn's result reaches both
-channels. The deliveries are listed for an admin, refused to an operator.
+channels. The deliveries are listed for an admin, refused to an operator. A health check
+scheduled through the API runs on a real ``ongrid beat`` and its result reaches the channel the
+schedule names.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -25,15 +28,16 @@ TOKENS = {
     "carol": ("notify-carol-operator-token", "operator"),
 }
 NIGHTLY = "Nightly: restart the backup agent on db2."
+HEALTH = "Health check: is any filesystem close to full?"
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    with Receiver({"pager": SECRET}) as made:
+    with Receiver({"pager": SECRET, "reports": SECRET}) as made:
         yield made
 
 
-def _site(cluster: Cluster, receiver: Receiver) -> dict[str, httpx.Client]:
+def _site(cluster: Cluster, receiver: Receiver, *, beat: bool = False) -> dict[str, httpx.Client]:
     config = cluster.root / "ongrid.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -47,6 +51,12 @@ def _site(cluster: Cluster, receiver: Receiver) -> dict[str, httpx.Client]:
                         "pager": {
                             "type": "webhook",
                             "url": f"{receiver.url}/hook/pager",
+                            "secret": SECRET,
+                        },
+                        # No rule names it: only a schedule's own channels reach it.
+                        "reports": {
+                            "type": "webhook",
+                            "url": f"{receiver.url}/hook/reports",
                             "secret": SECRET,
                         },
                     },
@@ -72,10 +82,12 @@ def _site(cluster: Cluster, receiver: Receiver) -> dict[str, httpx.Client]:
         permission_mode="mutating-with-confirm",
         background=True,
     )
+    cluster.persona("health")  # not a background persona: a scheduled run still is one
     cluster.fake.script(
         [
             call("restart_thing", {"thing": "backup-agent"}, match=NIGHTLY, turn=0),
             final("Backup agent restarted.\nNothing else needed.", match=NIGHTLY, turn=1),
+            final("All filesystems below 80 %.", match=HEALTH),
         ]
     )
     queues = "ongrid.interactive,ongrid.background"
@@ -87,6 +99,10 @@ def _site(cluster: Cluster, receiver: Receiver) -> dict[str, httpx.Client]:
     port = free_port()
     api = Proc("api", ongrid("api", f"--port={port}"), cluster.root, env, forked=True)
     cluster.workers.append(api)  # type: ignore[arg-type]
+    if beat:
+        beat_env = {**env, "ONGRID_SCHEDULE_POLL_SECONDS": "0.5"}
+        argv = [sys.executable, "-m", "coordinator", "beat"]
+        cluster.workers.append(Proc("beat", argv, cluster.root, beat_env, forked=True))  # type: ignore[arg-type]
     return {user: api_client(api, port, token, DEADLINE) for user, (token, _) in TOKENS.items()}
 
 
@@ -150,3 +166,32 @@ def test_an_approval_request_and_a_background_result_reach_slack_and_a_signed_we
     assert carol.get("/api/v1/notifications").status_code == 403
     for client in clients.values():
         client.close()
+
+
+def test_a_scheduled_health_checks_result_reaches_the_channel_its_schedule_names(
+    cluster: Cluster, receiver: Receiver
+):
+    alice = _site(cluster, receiver, beat=True)["alice"]
+    created = alice.post(
+        "/api/v1/schedules",
+        json={
+            "name": "health",
+            "persona": "health",
+            "prompt": HEALTH,
+            "interval_seconds": 2,
+            "channels": ["reports"],
+        },
+    )
+    assert created.status_code == 201, created.text
+
+    wait_for(lambda: receiver.at("/hook/reports"), DEADLINE, "a run's result on its channel")
+    assert alice.delete("/api/v1/schedules/health").status_code == 204
+    report = receiver.at("/hook/reports")[0]
+    assert report.status == 200 and verify_signature(SECRET, report.headers, report.body)
+    payload = report.json
+    assert payload["event"] == "spawn.finished" and payload["text"] == "All filesystems below 80 %."
+    assert payload["spawn"]["persona"] == "health" and payload["spawn"]["background"] is True
+    runs = alice.get("/api/v1/schedules/health")
+    assert runs.status_code == 404  # deleted; the spawn it started stays
+    spawn = alice.get(f"/api/v1/spawns/{payload['spawn']['id']}").json()
+    assert spawn["status"] == "ok" and spawn["background"] is True
