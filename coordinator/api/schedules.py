@@ -74,6 +74,11 @@ class RunOut(BaseModel):
     status: str = Field(description="`started`, `skipped` or `failed`.")
     reason: str
     created_at: str
+    spawn_status: str | None = Field(
+        default=None,
+        description="Where a started run's spawn stands (`queued`, `running`, `ok`, `failed`, "
+        "…); its answer is on the spawn's page, for those who may see it.",
+    )
 
 
 class ScheduleOut(BaseModel):
@@ -162,16 +167,34 @@ def _writable(stored: StoredSchedule | None, name: str) -> StoredSchedule:
 Book = Depends(book)
 
 
+def _with_outcomes(svc: Services, view: dict[str, Any]) -> dict[str, Any]:
+    """``view`` with each started run's spawn status (not its answer: that stays on the spawn's
+    page, which shows it only to those who may see the owner's work)."""
+    records: dict[str, str | None] = {}
+    for run in [*view["runs"], *([view["last_run"]] if view["last_run"] else [])]:
+        spawn_id = run.get("spawn_id")
+        if spawn_id and run["status"] == "started":
+            if spawn_id not in records:
+                record = svc.client.store.get(spawn_id)
+                records[spawn_id] = record.status if record is not None else None
+            run["spawn_status"] = records[spawn_id]
+    return view
+
+
 @router.get("/api/v1/schedules", response_model=list[ScheduleOut], responses=_errors())
-def list_schedules(who: Caller, schedules: ScheduleBook = Book) -> list[dict[str, Any]]:
+def list_schedules(who: Caller, svc: Svc, schedules: ScheduleBook = Book) -> list[dict[str, Any]]:
     """Every schedule with its next due time, its last run and its few most recent ones."""
-    return [schedules.view(item, _RECENT).as_dict() for item in schedules.store.list()]
+    return [
+        _with_outcomes(svc, schedules.view(item, _RECENT).as_dict())
+        for item in schedules.store.list()
+    ]
 
 
 @router.get("/api/v1/schedules/{name}", response_model=ScheduleOut, responses=_errors(404))
 def get_schedule(
     name: str,
     who: Caller,
+    svc: Svc,
     schedules: ScheduleBook = Book,
     runs: int = Query(default=20, ge=1, le=500, description="How many recent runs."),
 ) -> dict[str, Any]:
@@ -179,7 +202,7 @@ def get_schedule(
     stored = schedules.store.get(name)
     if stored is None:
         raise NotFoundError("schedule", name)
-    return schedules.view(stored, runs).as_dict()
+    return _with_outcomes(svc, schedules.view(stored, runs).as_dict())
 
 
 @router.post(

@@ -185,8 +185,11 @@ def test_a_scheduled_health_checks_result_reaches_the_channel_its_schedule_names
     assert created.status_code == 201, created.text
 
     wait_for(lambda: receiver.at("/hook/reports"), DEADLINE, "a run's result on its channel")
-    assert alice.delete("/api/v1/schedules/health").status_code == 204
     report = receiver.at("/hook/reports")[0]
+    runs = alice.get("/api/v1/schedules/health").json()["runs"]
+    (run,) = [r for r in runs if r["spawn_id"] == report.json["spawn"]["id"]]
+    assert (run["status"], run["spawn_status"]) == ("started", "ok")  # its result, on the list
+    assert alice.delete("/api/v1/schedules/health").status_code == 204
     assert report.status == 200 and verify_signature(SECRET, report.headers, report.body)
     payload = report.json
     assert payload["event"] == "spawn.finished" and payload["text"] == "All filesystems below 80 %."

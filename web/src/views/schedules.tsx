@@ -12,6 +12,8 @@ interface ScheduleRun {
   status: "started" | "skipped" | "failed";
   reason: string;
   created_at: string;
+  /** A started run's spawn: queued, running, ok, failed… */
+  spawn_status?: string | null;
 }
 
 interface Schedule {
@@ -43,6 +45,14 @@ function Run({ run }: { run: ScheduleRun }) {
         {run.status}
       </Badge>{" "}
       {run.spawn_id ? <Link href={`/spawns/${run.spawn_id}`}>{when(run.due_at)}</Link> : when(run.due_at)}
+      {run.spawn_status && (
+        <span data-testid="schedule-run-result">
+          {" "}
+          <Badge kind={run.spawn_status === "ok" ? "ok" : run.spawn_status === "failed" ? "failed" : "waiting"}>
+            {run.spawn_status}
+          </Badge>
+        </span>
+      )}
       {run.reason && <span class="muted"> — {run.reason}</span>}
     </span>
   );
