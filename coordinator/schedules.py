@@ -40,7 +40,14 @@ class ScheduleFirer:
     def __init__(self, store: ScheduleStore, client: SpawnClient) -> None:
         self.store, self.client = store, client
 
-    def __call__(self, name: str, due_at: datetime) -> dict[str, Any]:
+    def __call__(
+        self,
+        name: str,
+        due_at: datetime,
+        *,
+        missed: int = 0,
+        missed_since: datetime | None = None,
+    ) -> dict[str, Any]:
         stored = self.store.get(name)
         if stored is None or not stored.spec.enabled:
             log.info("schedule %s: due %s, but it is gone or disabled", name, due_at)
@@ -53,7 +60,24 @@ class ScheduleFirer:
             blocking_timeout=FIRE_LOCK_SECONDS,
         )
         with lock:
+            if missed:
+                return self._missed(name, due_at, missed, missed_since or due_at)
             return self._fire(stored.spec, due_at)
+
+    def _missed(self, name: str, last: datetime, count: int, since: datetime) -> dict[str, Any]:
+        """Record due times the beat got to too late (it was down) as one skipped run."""
+        run, new = self.store.claim(name, last, "")
+        if not new:
+            return {"status": "duplicate"}
+        times = "1 due time" if count == 1 else f"{count} due times"
+        span = last.isoformat() if count == 1 else f"{since.isoformat()} to {last.isoformat()}"
+        reason = (
+            f"missed: {times} ({span}) passed while the beat was down, longer ago than "
+            "schedule_catch_up_seconds when it came back"
+        )
+        self.store.settle(run.id, "skipped", reason)
+        log.warning("schedule %s: %s", name, reason)
+        return {"status": "skipped", "reason": reason}
 
     def _fire(self, spec: ScheduleSpec, due_at: datetime) -> dict[str, Any]:
         name = spec.name

@@ -78,11 +78,14 @@ def _run_spawn(task: Any, spawn_id: str, persona: str) -> dict[str, Any]:
     return worker_runtime().execute(spawn_id)
 
 
-def _fire_schedule(name: str, due_at: str) -> dict[str, Any]:
-    """Start (or skip) the run of schedule ``name`` due at ``due_at`` (ISO 8601)."""
+def _fire_schedule(
+    name: str, due_at: str, missed: int = 0, missed_since: str = ""
+) -> dict[str, Any]:
+    """Start (or skip) the run of schedule ``name`` due at ``due_at`` (ISO 8601); ``missed``:
+    record that many due times up to ``due_at`` as missed (the beat was down)."""
     from workers.scheduling import fire
 
-    return fire(name, due_at)
+    return fire(name, due_at, missed, missed_since)
 
 
 def _ping() -> str:

@@ -11,7 +11,9 @@ message and keeps the entry's ``last_run_at`` on the schedule's own timeline:
 - ``last_run_at`` is saved as the due time itself, not the moment the beat got to it, so due
   times stay on the cron's or the interval's grid; a beat that was down sends every due time it
   missed within ``schedule_catch_up_seconds`` (one message each; the worker skips those that
-  would overlap a run still going), and goes on from the next due time past older ones.
+  would overlap a run still going); older ones are not run but sent as one ``missed`` message,
+  which the worker records as a skipped run, and the schedule goes on from its next due time,
+  never sending one before it is due.
 
 A worker runs :data:`FIRE_TASK` (on ``ongrid.background``) through the firer its process
 registered with :func:`use_schedule_firer` (:mod:`coordinator.schedules`: database, spawn).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,9 +40,11 @@ from workers.celery_app import FIRE_TASK
 __all__ = [
     "FIRE_TASK",
     "MAX_SENDS_PER_TICK",
+    "Missed",
     "ScheduleBeat",
     "ScheduleEntries",
     "beat_config",
+    "catch_up",
     "celery_schedule",
     "due_after",
     "fire",
@@ -50,7 +55,7 @@ __all__ = [
 #: Most due times of one schedule the beat sends in one tick while catching up.
 MAX_SENDS_PER_TICK = 100
 
-Firer = Callable[[str, datetime], dict[str, Any]]
+Firer = Callable[..., dict[str, Any]]
 _firer: Firer | None = None
 _firer_lock = threading.Lock()
 
@@ -103,36 +108,59 @@ class ScheduleBeat(RedBeatScheduler):
     ) -> Any:
         now = self.app.now().astimezone(UTC)
         window = timedelta(seconds=float(self.app.conf.get("ongrid_schedule_catch_up_seconds", 0)))
-        due = _first_due(entry, now, window)
+        last = entry.last_run_at.astimezone(UTC) if entry.last_run_at is not None else None
+        missed, due = catch_up(entry.schedule, last, now, window)
         result = None
+        if missed is not None:
+            # Too old to run now: one message says so, and the worker records them as skipped.
+            result = self._send(entry, producer, missed.newest, missed.as_kwargs())
+            entry = entry.next(last_run_at=missed.newest)
         for _ in range(MAX_SENDS_PER_TICK):
-            options = dict(entry.options or {})
-            result = self.send_task(
-                entry.task,
-                entry.args,
-                {**(entry.kwargs or {}), "due_at": due.isoformat()},
-                producer=producer,
-                **options,
-            )
+            if due > now:
+                break  # the next due time is still to come: nothing is sent early
+            result = self._send(entry, producer, due, {})
             # Saved after the send: a beat killed in between sends this due time again.
             entry = entry.next(last_run_at=due)
             due = due_after(entry.schedule, due)
-            if due > now:
-                break
         return result
 
+    def _send(self, entry: Any, producer: Any, due: datetime, extra: dict[str, Any]) -> Any:
+        kwargs = {**(entry.kwargs or {}), "due_at": due.isoformat(), **extra}
+        return self.send_task(
+            entry.task, entry.args, kwargs, producer=producer, **dict(entry.options or {})
+        )
 
-def _first_due(entry: Any, now: datetime, window: timedelta) -> datetime:
-    """The due time to send first: the one after ``last_run_at``, or the oldest one within
-    ``window`` of ``now`` when the beat was down longer (``now`` if none is)."""
-    if entry.last_run_at is None:
-        return now
-    due = due_after(entry.schedule, entry.last_run_at.astimezone(UTC))
-    for _ in range(10_000):
-        if now - due <= window:
-            return due
-        due = due_after(entry.schedule, due)
-    return now
+
+@dataclass(frozen=True)
+class Missed:
+    """Due times the beat got to too late to run (it was down): how many, the first, the last."""
+
+    count: int
+    oldest: datetime
+    newest: datetime
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return {"missed": self.count, "missed_since": self.oldest.isoformat()}
+
+
+#: Due times :func:`catch_up` counts at most (a schedule every second, a beat down for hours).
+_MAX_COUNTED = 100_000
+
+
+def catch_up(
+    when: crontab | interval, last: datetime | None, now: datetime, window: timedelta
+) -> tuple[Missed | None, datetime]:
+    """After ``last``: the due times older than ``window`` at ``now`` (missed, not run), and the
+    first due time to send (``now`` for an entry that never ran; may be in the future)."""
+    if last is None:
+        return None, now
+    due, count, oldest, newest = due_after(when, last), 0, None, None
+    while now - due > window and count < _MAX_COUNTED:
+        count, oldest, newest = count + 1, oldest or due, due
+        due = due_after(when, due)
+    if oldest is None or newest is None:
+        return None, due
+    return Missed(count, oldest, newest), due
 
 
 # -- the entries, from the API's side ----------------------------------------------------------
@@ -192,10 +220,15 @@ def use_schedule_firer(firer: Firer | None) -> None:
         _firer = firer
 
 
-def fire(name: str, due_at: str) -> dict[str, Any]:
-    """The body of :data:`FIRE_TASK`: start (or skip) the run of ``name`` due at ``due_at``."""
+def fire(name: str, due_at: str, missed: int = 0, missed_since: str = "") -> dict[str, Any]:
+    """The body of :data:`FIRE_TASK`: start (or skip) the run of ``name`` due at ``due_at``;
+    with ``missed``, record that many due times (from ``missed_since`` to ``due_at``) as
+    skipped: the beat got to them too late."""
     with _firer_lock:
         firer = _firer
     if firer is None:
         raise RuntimeError("this process runs no schedules: it was not built by ongrid worker")
-    return firer(name, datetime.fromisoformat(due_at).astimezone(UTC))
+    due = datetime.fromisoformat(due_at).astimezone(UTC)
+    if missed:
+        return firer(name, due, missed=missed, missed_since=datetime.fromisoformat(missed_since))
+    return firer(name, due)
