@@ -18,6 +18,7 @@ Every request is recorded (path, headers, body, the answer given) in arrival ord
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import threading
@@ -32,6 +33,7 @@ __all__ = ["Received", "Receiver", "verify_signature"]
 _DOCS = Path(__file__).resolve().parent.parent / "docs" / "operators" / "notifications.md"
 
 
+@functools.cache
 def _documented_verifier() -> Any:
     """The receiver example of the documentation, executed as a user would paste it."""
     text = _DOCS.read_text()

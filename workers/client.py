@@ -151,10 +151,9 @@ class SpawnClient:
                 return existing
         if queue is None:
             snapshot = self.snapshot()
+            found = snapshot.get(persona)  # unknown: refused, naming those that exist
             if background is None:
-                background = snapshot.get(persona).background
-            else:
-                snapshot.get(persona)  # unknown: refused, naming those that exist
+                background = found.background
             if persona in snapshot.unavailable:
                 why = snapshot.unavailable[persona]
                 raise UserError(f"agent {persona!r} is unavailable: {why}")

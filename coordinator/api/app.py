@@ -17,7 +17,6 @@ import resource
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from importlib import metadata
 from pathlib import Path
 
 import redis
@@ -27,6 +26,7 @@ from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 from uvicorn.main import STARTUP_FAILURE
 
+from coordinator import version
 from coordinator.api import (
     agents,
     approvals,
@@ -80,13 +80,6 @@ MAX_BODY_BYTES = 256 * 1024
 PROBE_TIMEOUT = 3.0
 #: Seconds open streams get to finish when the server stops, before they are cut.
 SHUTDOWN_GRACE = 5
-
-
-def _version() -> str:
-    try:
-        return metadata.version("ongrid-personas")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def build_services(settings: Settings) -> Services:
@@ -172,7 +165,7 @@ def create_app(settings: Settings, *, console_dist: Path = DIST) -> FastAPI:
 
     app = FastAPI(
         title="Ongrid persona runtime",
-        version=_version(),
+        version=version(),
         description="Chat with the coordinator and its specialist personas, stream their events, "
         "manage custom personas. Every `/api` and `/v1` route needs `Authorization: Bearer`.",
         lifespan=lifespan,

@@ -31,13 +31,13 @@ import threading
 import time
 from collections import Counter as Tally
 from datetime import UTC, datetime, timedelta
-from importlib import metadata
 
 import httpx
 import redis
 from prometheus_client import Counter
 from sqlalchemy.exc import SQLAlchemyError
 
+from coordinator import version
 from coordinator.notify.delivery import attempt, backoff
 from coordinator.notify.events import Notice, notices, who_may_decide
 from coordinator.notify.render import console_link, render
@@ -71,13 +71,6 @@ NOTIFICATIONS = Counter(
     "Notification delivery attempts by channel and outcome (sent, retried, failed).",
     ["channel", "outcome"],
 )
-
-
-def _user_agent() -> str:
-    try:
-        return f"ongrid/{metadata.version('ongrid-personas')}"
-    except metadata.PackageNotFoundError:
-        return "ongrid"
 
 
 class NotificationSender:
@@ -122,7 +115,9 @@ class NotificationSender:
             return
         self._stop = threading.Event()
         self._prime()
-        self._http = httpx.Client(follow_redirects=False, headers={"User-Agent": _user_agent()})
+        self._http = httpx.Client(
+            follow_redirects=False, headers={"User-Agent": f"ongrid/{version()}"}
+        )
         self._thread = threading.Thread(
             target=self._run, args=(self._stop,), name="notification-sender", daemon=True
         )
@@ -222,14 +217,17 @@ class NotificationSender:
             persona = record.persona if record is not None else ""
         out = []
         for notice in notices(event, self.config, persona):
+            # Once per notice, whatever the number of its channels.
+            link = console_link(self.config.console_url, notice)
+            deciders = who_may_decide(self.settings, notice.owner)
             for channel in notice.channels:
-                out.append(self._delivery(feed, epoch, notice, channel))
+                out.append(self._delivery(feed, epoch, notice, channel, link, deciders))
         return out
 
-    def _delivery(self, feed: str, epoch: str, notice: Notice, channel: str) -> NewDelivery:
+    def _delivery(
+        self, feed: str, epoch: str, notice: Notice, channel: str, link: str, deciders: list[str]
+    ) -> NewDelivery:
         delivery_id = os.urandom(16).hex()
-        link = console_link(self.config.console_url, notice)
-        deciders = who_may_decide(self.settings, notice.owner)
         kind = self.config.channels[channel].type
         event = notice.event
         return NewDelivery(
